@@ -1,0 +1,40 @@
+# One venv, CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export DS_ACCELERATOR ?= cpu
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-all lint typecheck check bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install  ## the whole pipeline on the embedded default (tiny model, bundled data, CPU)
+	$(BIN)/python flows/pipeline.py --config configs/tiny.yaml
+
+test: install  ## the default test run (slow tests excluded)
+	$(BIN)/python -m pytest -q
+
+test-all: install
+	$(BIN)/python -m pytest -q -m ''
+
+lint: install
+	$(BIN)/ruff check .
+
+typecheck: install
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+clean:
+	rm -rf runs mlflow.db mlartifacts .pytest_cache .mypy_cache .ruff_cache

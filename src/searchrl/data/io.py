@@ -1,0 +1,236 @@
+"""Read QA records and passages from JSONL, JSON, parquet or a `datasets` dataset; write them
+atomically with a manifest (row count + sha256 of content) that serves as their fingerprint.
+
+Accepted layouts (Search-R1 / FlashRAG): QA rows with `question` and `golden_answers`
+(or `answer`/`answers`), passages with `id` and `contents` (or `text`, optionally
+`"title"\\ntext` as FlashRAG's wiki dumps store it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from searchrl.types import Passage, QAExample
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class DataError(ValueError):
+    """A data file is missing or a row is unreadable; the message names file, row and field."""
+
+
+# --- raw rows
+
+
+def _iter_raw_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based row number, raw dict). Row number is the line for JSONL."""
+    text_source = str(source)
+    if text_source.startswith("hf://"):
+        yield from _iter_hub_rows(text_source)
+        return
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if path.is_dir():
+        import datasets
+
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as exc:  # datasets raises several unrelated types here
+            raise DataError(f"{path}: not a `datasets` save_to_disk directory: {exc}") from exc
+        if isinstance(ds, datasets.DatasetDict):
+            raise DataError(f"{path}: is a DatasetDict; point at one split ({list(ds)})")
+        for i, row in enumerate(ds, start=1):
+            yield i, dict(row)
+        return
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object")
+                yield lineno, row
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from exc
+        if isinstance(data, dict):
+            data = data.get("data", data.get("rows"))
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
+        for i, row in enumerate(data, start=1):
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: row {i}: expected a JSON object")
+            yield i, row
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield i, row
+    else:
+        raise DataError(f"{path}: unsupported format {suffix!r}; use .jsonl, .json, .parquet "
+                        "or a datasets directory")
+
+
+def _iter_hub_rows(spec: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`hf://name[:config]@split`: only where the machine is online (never on the default path)."""
+    import datasets
+
+    body = spec.removeprefix("hf://")
+    name, _, split = body.partition("@")
+    name, _, config = name.partition(":")
+    ds = datasets.load_dataset(name, config or None, split=split or "train")
+    for i, row in enumerate(ds, start=1):
+        yield i, dict(row)
+
+
+# --- normalisation to our record types
+
+
+def _normalise_qa(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    if "golden_answers" not in out:
+        for alt in ("answers", "answer", "golden_answer"):
+            if alt in out:
+                out["golden_answers"] = out[alt]
+                break
+    answers = out.get("golden_answers")
+    if isinstance(answers, str):
+        out["golden_answers"] = [answers]
+    elif answers is not None and not isinstance(answers, list | tuple):
+        out["golden_answers"] = list(answers)
+    if "id" in out and not isinstance(out["id"], str):
+        out["id"] = str(out["id"])
+    return out
+
+
+def _normalise_passage(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    if "contents" not in out and "text" in out:
+        out["contents"] = out["text"]
+    if "id" in out and not isinstance(out["id"], str):
+        out["id"] = str(out["id"])
+    if out.get("title") is None and isinstance(out.get("contents"), str):
+        head, sep, _ = out["contents"].partition("\n")
+        if sep and head.startswith('"') and head.endswith('"') and len(head) > 2:
+            out["title"] = head.strip('"')
+    return out
+
+
+def _validate_rows(source: str | Path, model: type[T], normalise: Any) -> list[T]:
+    records: list[T] = []
+    for rowno, raw in _iter_raw_rows(source):
+        try:
+            records.append(model.model_validate(normalise(raw)))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "<row>"
+            raise DataError(f"{source}: row {rowno}: field {field!r}: {first['msg']}") from exc
+    return records
+
+
+def read_qa(source: str | Path) -> list[QAExample]:
+    """Read QA records; a row without question or gold answer raises DataError naming file/row."""
+    return _validate_rows(source, QAExample, _normalise_qa)
+
+
+def read_raw_qa_rows(source: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """Raw normalised rows with row numbers, for validation that must quarantine, not raise."""
+    return [(rowno, _normalise_qa(raw)) for rowno, raw in _iter_raw_rows(source)]
+
+
+def read_passages(source: str | Path) -> list[Passage]:
+    return _validate_rows(source, Passage, _normalise_passage)
+
+
+# --- writing with manifests
+
+
+def content_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".manifest.json")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl(path: str | Path, records: Sequence[BaseModel | dict[str, Any]]) -> str:
+    """Write records as JSONL plus `<file>.manifest.json`; return the content sha256.
+
+    The manifest is written last, so a file without a manifest is never taken as complete.
+    """
+    path = Path(path)
+    manifest_path(path).unlink(missing_ok=True)
+    lines = [
+        json.dumps(r.model_dump(mode="json") if isinstance(r, BaseModel) else r,
+                   ensure_ascii=False, sort_keys=True)
+        for r in records
+    ]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    sha = content_sha256(path)
+    manifest = {"file": path.name, "rows": len(lines), "sha256": sha}
+    atomic_write_text(manifest_path(path), json.dumps(manifest, indent=2))
+    return sha
+
+
+def read_manifest(path: str | Path) -> dict[str, Any] | None:
+    """The manifest if it exists and still matches the file's content, else None."""
+    path = Path(path)
+    mpath = manifest_path(path)
+    if not (path.is_file() and mpath.is_file()):
+        return None
+    manifest: dict[str, Any] = json.loads(mpath.read_text())
+    if manifest.get("sha256") != content_sha256(path):
+        return None
+    return manifest
+
+
+def fingerprint(path: str | Path) -> str:
+    """Content fingerprint of a dataset file (from a valid manifest, else hashed now)."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest is not None:
+        return str(manifest["sha256"])
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for child in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(str(child.relative_to(path)).encode())
+            digest.update(content_sha256(child).encode())
+        return digest.hexdigest()
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    return content_sha256(path)

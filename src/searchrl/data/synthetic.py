@@ -1,0 +1,212 @@
+"""A deterministic synthetic multi-hop world: fictional entities whose facts exist only in the
+corpus, so a policy that does not search cannot beat chance.
+
+Entities: people, cities, countries, organisations. Relations: person born_in city,
+city located_in country, country capital city, organisation founded_by person,
+organisation headquartered_in city. Each entity gets an encyclopedia-style passage; each
+person and organisation also gets a distractor: a near-namesake with different facts.
+
+Questions chain 1-3 relations. Splits are made by *anchor entity* (the person or
+organisation a question starts from, founders follow their organisation), so the facts a
+test question needs never appear in a train question: no question overlap and no
+memorisable shortcut across splits.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from searchrl.config import SyntheticWorldConfig
+from searchrl.data.io import write_jsonl
+from searchrl.types import Passage, QAExample
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr",
+           "gr", "kr", "tr", "vr", "sk", "st", "th", "sh", "ch"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou", "ia"]
+_CODAS = ["", "", "n", "r", "l", "s", "m", "th", "x", "nd", "rk"]
+_PROFESSIONS = ["painter", "engineer", "botanist", "composer", "cartographer", "sculptor",
+                "physician", "novelist", "astronomer", "architect"]
+_INDUSTRIES = ["shipbuilding", "textiles", "printing", "glassworks", "software", "mining",
+               "publishing", "brewing", "aviation", "pharmaceuticals"]
+SYNTHETIC_TYPES = (
+    "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
+    "person_birth_country", "org_founder_birth_city", "org_hq_country",
+    "org_founder_birth_country", "person_birth_country_capital",
+)
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
+    return ("".join(parts) + rng.choice(_CODAS)).capitalize()
+
+
+def _unique_names(rng: random.Random, n: int, make: Callable[[], str], taken: set[str]) -> list[str]:
+    names: list[str] = []
+    while len(names) < n:
+        name = make()
+        if name not in taken:
+            taken.add(name)
+            names.append(name)
+    return names
+
+
+@dataclass
+class World:
+    people: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> born_in, profession
+    cities: dict[str, str] = field(default_factory=dict)  # city -> country
+    capitals: dict[str, str] = field(default_factory=dict)  # country -> capital city
+    orgs: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> founder, hq, industry
+    split_of: dict[str, str] = field(default_factory=dict)  # anchor entity -> split
+    passages: list[Passage] = field(default_factory=list)
+    doc_of: dict[str, str] = field(default_factory=dict)  # entity -> its passage id
+    splits: dict[str, list[QAExample]] = field(default_factory=dict)
+
+
+def _build_entities(cfg: SyntheticWorldConfig, rng: random.Random) -> World:
+    world = World()
+    taken: set[str] = set()
+    countries = _unique_names(rng, cfg.n_countries, lambda: _word(rng, 2) + "ia", taken)
+    cities = _unique_names(rng, cfg.n_cities, lambda: _word(rng, rng.choice([2, 3])), taken)
+    for i, city in enumerate(cities):
+        # Round-robin first so every country has a city (its capital), then random.
+        world.cities[city] = countries[i] if i < len(countries) else rng.choice(countries)
+    for country in countries:
+        world.capitals[country] = next(c for c, k in world.cities.items() if k == country)
+    people = _unique_names(
+        rng, cfg.n_people, lambda: f"{_word(rng, 2)} {_word(rng, rng.choice([2, 3]))}", taken
+    )
+    for person in people:
+        world.people[person] = {"born_in": rng.choice(cities),
+                                "profession": rng.choice(_PROFESSIONS)}
+    orgs = _unique_names(
+        rng, cfg.n_organisations,
+        lambda: f"{_word(rng, 2)} {rng.choice(['Works', 'Guild', 'Company', 'Institute'])}",
+        taken,
+    )
+    # Split anchors: each organisation takes a founder that no other organisation has, and the
+    # founder follows the organisation's split.
+    founders = rng.sample(people, k=min(len(orgs), len(people)))
+    splits = ("train", "dev", "test")
+    weights = (cfg.n_train, cfg.n_dev, cfg.n_test)
+    for org, founder in zip(orgs, founders, strict=False):
+        world.orgs[org] = {"founder": founder, "hq": rng.choice(cities),
+                           "industry": rng.choice(_INDUSTRIES)}
+        split = rng.choices(splits, weights=weights)[0]
+        world.split_of[org] = split
+        world.split_of[founder] = split
+    for person in people:
+        world.split_of.setdefault(person, rng.choices(splits, weights=weights)[0])
+    for city in cities:
+        world.split_of.setdefault(city, rng.choices(splits, weights=weights)[0])
+    for country in countries:
+        world.split_of.setdefault(country, rng.choices(splits, weights=weights)[0])
+    return world
+
+
+def _render_passages(world: World, cfg: SyntheticWorldConfig, rng: random.Random) -> None:
+    def add(entity: str | None, title: str, text: str) -> None:
+        pid = f"syn{len(world.passages):05d}"
+        world.passages.append(Passage(id=pid, title=title, contents=f"{title}. {text}"))
+        if entity is not None:
+            world.doc_of[entity] = pid
+
+    for person, facts in world.people.items():
+        add(person, person, f"{person} is a {facts['profession']}. "
+                            f"{person} was born in {facts['born_in']}.")
+    for city, country in world.cities.items():
+        add(city, city, f"{city} is a city located in {country}.")
+    for country, capital in world.capitals.items():
+        add(country, country, f"{country} is a country. The capital of {country} is {capital}.")
+    for org, facts in world.orgs.items():
+        add(org, org, f"{org} is a {facts['industry']} organisation founded by "
+                      f"{facts['founder']}. It is headquartered in {facts['hq']}.")
+    # Distractors: near-namesakes with different facts, so retrieval and reading must be exact.
+    cities = list(world.cities)
+    for _ in range(cfg.distractors_per_entity):
+        for person, facts in world.people.items():
+            first, last = person.split(" ", 1)
+            twin = f"{first} {last}son"
+            other = rng.choice([c for c in cities if c != facts["born_in"]])
+            add(None, twin, f"{twin} is a {rng.choice(_PROFESSIONS)}. {twin} was born in {other}.")
+        for org, facts in world.orgs.items():
+            twin = f"New {org}"
+            other = rng.choice([c for c in cities if c != facts["hq"]])
+            add(None, twin, f"{twin} is a {rng.choice(_INDUSTRIES)} organisation. "
+                            f"It is headquartered in {other}.")
+
+
+def _candidate_questions(world: World) -> list[tuple[str, int, str, str, list[str], str]]:
+    """(anchor, hops, type, question, supporting entities, answer) for every template."""
+    out: list[tuple[str, int, str, str, list[str], str]] = []
+    for p, f in world.people.items():
+        city = f["born_in"]
+        country = world.cities[city]
+        out.append((p, 1, "person_birth_city", f"In which city was {p} born?", [p], city))
+        out.append((p, 2, "person_birth_country", f"In which country was {p} born?",
+                    [p, city], country))
+        out.append((p, 3, "person_birth_country_capital",
+                    f"What is the capital of the country where {p} was born?",
+                    [p, city, country], world.capitals[country]))
+    for c, k in world.cities.items():
+        out.append((c, 1, "city_country", f"Which country is {c} located in?", [c], k))
+    for k, cap in world.capitals.items():
+        out.append((k, 1, "country_capital", f"What is the capital of {k}?", [k], cap))
+    for o, f in world.orgs.items():
+        founder, hq = f["founder"], f["hq"]
+        born = world.people[founder]["born_in"]
+        out.append((o, 1, "org_founder", f"Who founded {o}?", [o], founder))
+        out.append((o, 1, "org_hq_city", f"In which city is {o} headquartered?", [o], hq))
+        out.append((o, 2, "org_hq_country", f"In which country is {o} headquartered?",
+                    [o, hq], world.cities[hq]))
+        out.append((o, 2, "org_founder_birth_city", f"In which city was the founder of {o} born?",
+                    [o, founder], born))
+        out.append((o, 3, "org_founder_birth_country",
+                    f"In which country was the founder of {o} born?",
+                    [o, founder, born], world.cities[born]))
+    return out
+
+
+def _make_splits(world: World, cfg: SyntheticWorldConfig, rng: random.Random) -> None:
+    wanted = {"train": cfg.n_train, "dev": cfg.n_dev, "test": cfg.n_test}
+    by_split_hop: dict[tuple[str, int], list[tuple[str, int, str, str, list[str], str]]] = {}
+    for cand in _candidate_questions(world):
+        by_split_hop.setdefault((world.split_of[cand[0]], cand[1]), []).append(cand)
+    for split, n in wanted.items():
+        chosen: list[tuple[str, int, str, str, list[str], str]] = []
+        hops = sorted(cfg.hop_mix)
+        quotas = {h: round(n * cfg.hop_mix[h]) for h in hops}
+        for h in hops:
+            pool = by_split_hop.get((split, h), [])
+            rng.shuffle(pool)
+            chosen.extend(pool[: quotas[h]])
+        rng.shuffle(chosen)
+        world.splits[split] = [
+            QAExample(
+                id=f"{split}-{i:05d}", question=q, golden_answers=(answer,), hops=hops_,
+                type=qtype, supporting_doc_ids=tuple(world.doc_of[e] for e in support),
+            )
+            for i, (_, hops_, qtype, q, support, answer) in enumerate(chosen)
+        ]
+
+
+def generate_world(cfg: SyntheticWorldConfig) -> World:
+    """Build the world, its corpus and its splits; the same config always gives the same output."""
+    rng = random.Random(cfg.seed)
+    world = _build_entities(cfg, rng)
+    _render_passages(world, cfg, rng)
+    _make_splits(world, cfg, rng)
+    return world
+
+
+def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
+    """Write corpus.jsonl and {train,dev,test}.jsonl with manifests; return split -> path."""
+    out = Path(out_dir)
+    paths = {"corpus": out / "corpus.jsonl"}
+    write_jsonl(paths["corpus"], world.passages)
+    for split, rows in world.splits.items():
+        paths[split] = out / f"{split}.jsonl"
+        write_jsonl(paths[split], rows)
+    return paths

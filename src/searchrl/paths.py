@@ -1,0 +1,40 @@
+"""Where each stage keeps its outputs under `run.work_dir`, so stages and CLIs agree on layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StagePaths:
+    work_dir: Path
+
+    @property
+    def source_dir(self) -> Path:
+        """Raw inputs as materialised (synthetic world written, files normalised)."""
+        return self.work_dir / "source"
+
+    @property
+    def validate_dir(self) -> Path:
+        return self.work_dir / "validate_gold_labels"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.work_dir / "build_index"
+
+    @property
+    def curriculum_dir(self) -> Path:
+        return self.work_dir / "filter_curriculum"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.work_dir / "train_policy"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.work_dir / "evaluate_policy"
+
+    @property
+    def gate_dir(self) -> Path:
+        return self.work_dir / "decide_go_no_go"

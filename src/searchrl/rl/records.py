@@ -1,0 +1,33 @@
+"""The per-rollout record shared by training, evaluation, curriculum and the label-noise audit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RolloutRecord:
+    """One sampled trajectory for one question.
+
+    `response_ids` is everything after the prompt exactly as the model conditioned on it
+    (sampled tokens, inserted `<information>` blocks, template glue); `loss_mask[i]` is 1 iff
+    `response_ids[i]` was sampled by the policy. `old_logprobs[i]` is the sampling-time
+    log-probability of a sampled token (0.0 where the mask is 0).
+    """
+
+    example_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    text: str
+    turns: int
+    queries: list[str] = field(default_factory=list)
+    retrieved_doc_ids: list[list[str]] = field(default_factory=list)
+    answer: str | None = None
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    correct: bool = False
+    search_errors: int = 0
+    finish_reason: str = ""  # answer | eos | max_turns | token_budget

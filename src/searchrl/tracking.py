@@ -1,0 +1,254 @@
+"""The one module that imports mlflow.
+
+A `MetricsSink` is what stages and the trainer log to. `MlflowSink` writes to one explicit run
+through `MlflowClient` (no global "active run", so Prefect task threads and the trainer
+subprocess cannot log into the wrong run); `NullSink` is for library use without tracking.
+One parent run per pipeline run, one child run per stage, the parent run id passed explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+PARENT_TAG = "mlflow.parentRunId"
+STAGE_TAG = "searchrl.stage"
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be reached or used; raised before any expensive work starts."""
+
+
+class MetricsSink(Protocol):
+    @property
+    def run_id(self) -> str | None: ...
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+    def log_dict(self, data: Any, artifact_file: str) -> None: ...
+
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+
+
+class NullSink:
+    """Discards everything; `run_id` is None."""
+
+    @property
+    def run_id(self) -> str | None:
+        return None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        return None
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        return None
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        return None
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        return None
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        return None
+
+
+class MlflowSink:
+    """Logs to one existing MLflow run by id."""
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.tracking_uri = tracking_uri
+        self._run_id = run_id
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        flat = _flatten(params)
+        for key, value in flat.items():
+            self.client.log_param(self._run_id, key, str(value)[:6000])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.client.log_metric(self._run_id, key, float(value), step=step or 0)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self._run_id, key, str(value))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self._run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self._run_id, str(path), artifact_path)
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        self.client.log_dict(self._run_id, data, artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self._run_id, text, artifact_file)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self._run_id, status=status)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+# --- store resolution and fail-fast connectivity
+
+
+def resolve_tracking_uri(configured: str | None, work_root: Path | None = None) -> str:
+    """Configured URI, else $MLFLOW_TRACKING_URI, else a local sqlite file under the cwd."""
+    if configured:
+        return configured
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    root = (work_root or Path.cwd()).resolve()
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _artifact_root(uri: str) -> str | None:
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return None
+
+
+def check_tracking_store(uri: str, timeout_s: float = 10.0) -> None:
+    """Raise TrackingError at once when an HTTP tracking server is unreachable."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as resp:
+                if resp.status >= 400:
+                    raise TrackingError(f"MLflow server {uri} answered {resp.status} on /health")
+        except (urllib.error.URLError, OSError) as exc:
+            raise TrackingError(
+                f"MLflow tracking server {uri} is unreachable ({exc}); start it, fix "
+                "MLFLOW_TRACKING_URI / tracking.tracking_uri, or unset it for a local store"
+            ) from exc
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as exc:  # mlflow raises many store-specific types
+        raise TrackingError(f"MLflow store {uri} is not usable: {exc}") from exc
+
+
+def _experiment_id(client: MlflowClient, uri: str, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return str(exp.experiment_id)
+    return str(client.create_experiment(name, artifact_location=_artifact_root(uri)))
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def start_parent_run(uri: str, experiment: str, run_name: str, config: Mapping[str, Any],
+                     tags: Mapping[str, str] | None = None) -> MlflowSink:
+    """Create the pipeline's parent run; log the resolved config and the git commit."""
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = _experiment_id(client, uri, experiment)
+    run = client.create_run(exp_id, run_name=run_name,
+                            tags={"searchrl.git_commit": git_commit(), **(tags or {})})
+    sink = MlflowSink(uri, run.info.run_id)
+    sink.log_dict(dict(config), "config/resolved.json")
+    return sink
+
+
+def start_child_run(uri: str, parent_run_id: str, stage: str,
+                    tags: Mapping[str, str] | None = None) -> MlflowSink:
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(parent_run_id)
+    run = client.create_run(
+        parent.info.experiment_id, run_name=stage,
+        tags={PARENT_TAG: parent_run_id, STAGE_TAG: stage,
+              "searchrl.git_commit": git_commit(), **(tags or {})},
+    )
+    return MlflowSink(uri, run.info.run_id)
+
+
+@contextmanager
+def stage_run(uri: str | None, parent_run_id: str | None, stage: str,
+              tags: Mapping[str, str] | None = None) -> Iterator[MetricsSink]:
+    """A child run for one stage, marked FAILED if the stage raises; NullSink without a parent."""
+    if uri is None or parent_run_id is None:
+        yield NullSink()
+        return
+    sink = start_child_run(uri, parent_run_id, stage, tags)
+    try:
+        yield sink
+    except BaseException:
+        sink.end("FAILED")
+        raise
+    sink.end("FINISHED")
+
+
+def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    MlflowClient(tracking_uri=uri).set_terminated(run_id, status=status)
+
+
+def child_runs(uri: str, parent_run_id: str) -> list[dict[str, Any]]:
+    """Stage name, status and metrics of a parent's child runs (for tests and reports)."""
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
+    return [{"run_id": r.info.run_id, "stage": r.data.tags.get(STAGE_TAG),
+             "status": r.info.status, "metrics": dict(r.data.metrics),
+             "params": dict(r.data.params)} for r in runs]
+
+
+def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    client = MlflowClient(tracking_uri=uri)
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def download_artifacts(uri: str, run_id: str, artifact_path: str, dst: Path) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path=artifact_path, dst_path=str(dst), tracking_uri=uri))
+
+
+def write_json_artifact(sink: MetricsSink, data: Any, name: str) -> None:
+    """Log a JSON artifact through a temp file (works for any sink)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_text(json.dumps(data, indent=2, default=str))
+        sink.log_artifact(path)

@@ -1,0 +1,126 @@
+"""Record types shared by every stage, and the small frozen references stages pass each other.
+
+Stages never pass DataFrames, indexes, tensors or models: only these references
+(paths + content hashes + the MLflow run id that produced them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class QAExample(BaseModel):
+    """One question with its gold answers (Search-R1 / FlashRAG layout)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(min_length=1)
+    question: str = Field(min_length=1)
+    golden_answers: tuple[str, ...] = Field(min_length=1)
+    hops: int | None = None
+    type: str | None = None
+    supporting_doc_ids: tuple[str, ...] = ()
+
+    @field_validator("question")
+    @classmethod
+    def _question_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("question is blank")
+        return value
+
+    @field_validator("golden_answers")
+    @classmethod
+    def _answers_not_blank(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not a.strip() for a in value):
+            raise ValueError("golden_answers contains a blank answer")
+        return value
+
+
+class Passage(BaseModel):
+    """One corpus passage (`{id, contents}` as Search-R1's retriever reads, title optional)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(min_length=1)
+    title: str | None = None
+    contents: str = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    doc_id: str
+    title: str | None
+    contents: str
+    score: float
+
+
+# --- references passed between pipeline stages
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """A validated dataset: split name -> file path, with manifests as fingerprints."""
+
+    paths: dict[str, str]
+    fingerprints: dict[str, str]
+    corpus_path: str
+    corpus_fingerprint: str
+    fingerprint: str
+    mlflow_run_id: str | None = None
+    report_path: str | None = None
+
+
+@dataclass(frozen=True)
+class IndexRef:
+    index_dir: str
+    fingerprint: str
+    retriever: str
+    mlflow_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CurriculumRef:
+    train_path: str
+    fingerprint: str
+    difficulty_path: str | None = None
+    dropped_path: str | None = None
+    mlflow_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    policy_dir: str
+    fingerprint: str
+    sft_dir: str | None = None
+    metrics_path: str | None = None
+    training_seconds: float = 0.0
+    mlflow_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalRef:
+    results_path: str
+    fingerprint: str
+    mlflow_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    go: bool
+    reasons: tuple[str, ...]
+    report_html: str | None = None
+    report_md: str | None = None
+    figures: dict[str, float] = field(default_factory=dict)
+    mlflow_run_id: str | None = None
+
+    @property
+    def label(self) -> Literal["GO", "NO-GO"]:
+        return "GO" if self.go else "NO-GO"
+
+
+def as_path(ref_path: str) -> Path:
+    return Path(ref_path)
