@@ -1,0 +1,207 @@
+"""The cost-payback model and the go/no-go gate (pure, typed, no I/O).
+
+Model (all money in the configured currency, tokens are prompt + generated per query):
+
+    training_cost    = training_gpu_hours * gpu_price_per_hour
+    small_monthly    = queries_per_month * small_tokens_per_query / 1000 * small_price_per_1k
+    frontier_monthly = queries_per_month * frontier_tokens_per_query / 1000 * frontier_price_per_1k
+    monthly_saving   = frontier_monthly - small_monthly
+    payback_months   = training_cost / monthly_saving      (inf when the saving is <= 0)
+
+Gate: GO only if every condition holds:
+
+    data      gold_pairs >= min_gold_pairs
+    accuracy  accuracy_delta >= min_accuracy_margin and the delta's interval lies above zero
+    payback   payback_months <= max_payback_months
+
+Fail closed: a missing (None) or non-finite input, or a negative count/price, fails the
+condition that needs it with a reason naming the input; `decide` never raises on bad numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    gpu_type: str
+    gpu_price_per_hour: float | None
+    training_gpu_hours: float | None
+    production_queries_per_month: float | None
+    small_tokens_per_query: float | None
+    small_price_per_1k_tokens: float | None
+    frontier_tokens_per_query: float | None
+    frontier_price_per_1k_tokens: float | None
+
+
+@dataclass(frozen=True)
+class PaybackResult:
+    training_cost: float
+    small_monthly_cost: float
+    frontier_monthly_cost: float
+    monthly_saving: float
+    payback_months: float  # inf when the trained model never pays back
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+class InvalidInputError(ValueError):
+    """A cost input is missing, non-finite or negative; the message names the input."""
+
+
+def _valid(name: str, value: float | None) -> float:
+    if value is None:
+        raise InvalidInputError(f"{name} is missing")
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"{name} is not a finite number ({value!r})")
+    if value < 0:
+        raise InvalidInputError(f"{name} is negative ({value!r})")
+    return float(value)
+
+
+def compute_payback(inputs: CostInputs) -> PaybackResult:
+    """The cost model above; raises InvalidInputError naming the first bad input."""
+    hours = _valid("training_gpu_hours", inputs.training_gpu_hours)
+    price = _valid("gpu_price_per_hour", inputs.gpu_price_per_hour)
+    queries = _valid("production_queries_per_month", inputs.production_queries_per_month)
+    small_tok = _valid("small_tokens_per_query", inputs.small_tokens_per_query)
+    small_price = _valid("small_price_per_1k_tokens", inputs.small_price_per_1k_tokens)
+    big_tok = _valid("frontier_tokens_per_query", inputs.frontier_tokens_per_query)
+    big_price = _valid("frontier_price_per_1k_tokens", inputs.frontier_price_per_1k_tokens)
+    training_cost = hours * price
+    small = queries * small_tok / 1000.0 * small_price
+    frontier = queries * big_tok / 1000.0 * big_price
+    saving = frontier - small
+    payback = training_cost / saving if saving > 0 else math.inf
+    return PaybackResult(training_cost=training_cost, small_monthly_cost=small,
+                         frontier_monthly_cost=frontier, monthly_saving=saving,
+                         payback_months=payback)
+
+
+def payback_curve(result: PaybackResult, months: int) -> list[tuple[int, float]]:
+    """Cumulative net saving after m months (m = 0..months): -training_cost + m * saving."""
+    return [(m, -result.training_cost + m * result.monthly_saving) for m in range(months + 1)]
+
+
+# --- the gate
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    min_gold_pairs: int
+    min_accuracy_margin: float
+    max_payback_months: float
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    gold_pairs: int | None
+    accuracy_delta: float | None  # trained EM - comparison baseline EM
+    accuracy_delta_lo: float | None  # the delta's bootstrap interval
+    accuracy_delta_hi: float | None
+    comparison_baseline: str
+    costs: CostInputs
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # data | accuracy | payback
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class GateResult:
+    go: bool
+    checks: tuple[Check, ...]
+    payback: PaybackResult | None
+
+    @property
+    def label(self) -> str:
+        return "GO" if self.go else "NO-GO"
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Each failed condition on NO-GO; each satisfied condition on GO."""
+        chosen = self.checks if self.go else self.failed
+        return tuple(f"{c.name}: {c.detail}" for c in chosen)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"go": self.go, "label": self.label,
+                "checks": [asdict(c) for c in self.checks],
+                "payback": self.payback.to_dict() if self.payback else None}
+
+
+def _finite(value: float | None) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check_data(inputs: GateInputs, t: GateThresholds) -> Check:
+    n = inputs.gold_pairs
+    if n is None or not _finite(n) or n < 0:
+        return Check("data", False, f"gold pair count is missing or invalid ({n!r})")
+    ok = n >= t.min_gold_pairs
+    rel = ">=" if ok else "<"
+    return Check("data", ok, f"{n} gold pairs {rel} required {t.min_gold_pairs}")
+
+
+def _check_accuracy(inputs: GateInputs, t: GateThresholds) -> Check:
+    d, lo, hi = inputs.accuracy_delta, inputs.accuracy_delta_lo, inputs.accuracy_delta_hi
+    base = inputs.comparison_baseline
+    if not (_finite(d) and _finite(lo) and _finite(hi)):
+        return Check("accuracy", False,
+                     f"EM delta vs {base} is missing or not finite "
+                     f"(delta={d!r}, interval=[{lo!r}, {hi!r}])")
+    assert d is not None and lo is not None and hi is not None
+    problems = []
+    if d < t.min_accuracy_margin:
+        problems.append(f"below the required margin {t.min_accuracy_margin:+.3f}")
+    if lo <= 0.0:
+        problems.append("interval does not exclude zero")
+    detail = f"EM delta vs {base} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    if problems:
+        return Check("accuracy", False, f"{detail}: {'; '.join(problems)}")
+    return Check("accuracy", True,
+                 f"{detail} >= margin {t.min_accuracy_margin:+.3f}, interval excludes zero")
+
+
+def _check_payback(payback: PaybackResult | None, error: str | None,
+                   t: GateThresholds) -> Check:
+    if payback is None:
+        return Check("payback", False, f"cost model input invalid: {error}")
+    months = payback.payback_months
+    if not math.isfinite(months):
+        return Check("payback", False,
+                     f"never pays back: monthly saving {payback.monthly_saving:.2f} <= 0")
+    ok = months <= t.max_payback_months
+    rel = "<=" if ok else ">"
+    return Check("payback", ok, f"payback {months:.2f} months {rel} allowed "
+                                f"{t.max_payback_months:g} (training cost "
+                                f"{payback.training_cost:.2f}, saving "
+                                f"{payback.monthly_saving:.2f}/month)")
+
+
+def decide(inputs: GateInputs, thresholds: GateThresholds) -> GateResult:
+    """Evaluate every condition (all are reported, not just the first failure)."""
+    payback: PaybackResult | None
+    error: str | None = None
+    try:
+        payback = compute_payback(inputs.costs)
+    except InvalidInputError as exc:
+        payback, error = None, str(exc)
+    checks: tuple[Check, ...] = (_check_data(inputs, thresholds),
+                                 _check_accuracy(inputs, thresholds),
+                                 _check_payback(payback, error, thresholds))
+    # Invalid thresholds cannot produce a GO either.
+    bad_thresholds = [k for k, v in asdict(thresholds).items() if not _finite(v)]
+    if bad_thresholds:
+        checks = (*checks, Check("thresholds", False, f"not finite: {bad_thresholds}"))
+    return GateResult(go=all(c.passed for c in checks), checks=checks, payback=payback)
