@@ -43,7 +43,9 @@ def _word(rng: random.Random, syllables: int) -> str:
     return ("".join(parts) + rng.choice(_CODAS)).capitalize()
 
 
-def _unique_names(rng: random.Random, n: int, make: Callable[[], str], taken: set[str]) -> list[str]:
+def _unique_names(
+    rng: random.Random, n: int, make: Callable[[], str], taken: set[str]
+) -> list[str]:
     names: list[str] = []
     while len(names) < n:
         name = make()

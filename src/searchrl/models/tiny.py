@@ -40,8 +40,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                   bos_token=BOS)
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=BOS
+    )
     fast.add_special_tokens({"additional_special_tokens": list(TAG_TOKENS)})
     return fast
 

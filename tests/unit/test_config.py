@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from searchrl.config import ConfigError, PipelineConfig, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    config = load_config(path)
+    assert isinstance(config, PipelineConfig)
+
+
+def test_real_gpu_config_validates_with_its_real_choices() -> None:
+    config = load_config(Path("configs/qwen2.5-3b-8gpu.yaml"))
+    assert config.model.kind == "pretrained" and "Qwen2.5-3B" in (config.model.name_or_path or "")
+    assert config.rollout.backend == "vllm" and config.train.zero_stage == 2
+    assert config.index.retriever == "dense" and "e5" in config.index.encoder
+
+
+def test_typo_key_names_file_key_and_options(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  stpes: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    message = str(info.value)
+    assert str(bad) in message
+    assert "train.stpes" in message
+    assert "did you mean 'steps'" in message
+    assert "questions_per_step" in message  # lists the valid keys of that section
+
+
+def test_unknown_section_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trian:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match="did you mean 'train'"):
+        load_config(bad)
+
+
+def test_bad_literal_names_valid_options(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("index:\n  retriever: bm52\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert "index.retriever" in str(info.value)
+    assert "'bm25'" in str(info.value) and "'hybrid'" in str(info.value)
+
+
+def test_overrides_apply_and_are_typed() -> None:
+    config = load_config("configs/tiny.yaml", ["train.steps=3", "rollout.temperature=0.7",
+                                               "run.work_dir=/tmp/x"])
+    assert config.train.steps == 3
+    assert config.rollout.temperature == pytest.approx(0.7)
+    assert config.run.work_dir == Path("/tmp/x")
+
+
+def test_bad_override_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        load_config("configs/tiny.yaml", ["train.steps=many"])
+    with pytest.raises(ConfigError, match=r"expected key\.sub=value"):
+        load_config("configs/tiny.yaml", ["train.steps"])
+
+
+def test_config_is_frozen() -> None:
+    config = load_config("configs/tiny.yaml")
+    with pytest.raises(Exception, match="frozen"):
+        config.train.steps = 5  # type: ignore[misc]
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_fingerprint_tracks_only_named_sections() -> None:
+    a = load_config("configs/tiny.yaml")
+    b = load_config("configs/tiny.yaml", ["train.steps=7"])
+    assert a.fingerprint("data") == b.fingerprint("data")
+    assert a.fingerprint("train") != b.fingerprint("train")

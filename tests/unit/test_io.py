@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from searchrl.data.io import (
+    DataError,
+    fingerprint,
+    manifest_path,
+    read_manifest,
+    read_passages,
+    read_qa,
+    write_jsonl,
+)
+
+ROWS = [
+    {"id": "q1", "question": "Who?", "golden_answers": ["Ann", "Anne"], "hops": 1},
+    {"id": 2, "question": "Where?", "answer": "Paris", "type": "bridge"},  # FlashRAG-ish
+]
+
+
+def _check(records: list) -> None:  # type: ignore[type-arg]
+    assert [r.id for r in records] == ["q1", "2"]
+    assert records[0].golden_answers == ("Ann", "Anne")
+    assert records[1].golden_answers == ("Paris",)
+    assert records[1].type == "bridge"
+
+
+def test_reads_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    _check(read_qa(path))
+
+
+def test_reads_json_list_and_data_key(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(ROWS))
+    (tmp_path / "b.json").write_text(json.dumps({"data": ROWS}))
+    _check(read_qa(tmp_path / "a.json"))
+    _check(read_qa(tmp_path / "b.json"))
+
+
+def test_reads_parquet(tmp_path: Path) -> None:
+    rows = [{"id": "q1", "question": "Who?", "golden_answers": ["Ann", "Anne"], "hops": 1,
+             "type": None},
+            {"id": "2", "question": "Where?", "golden_answers": ["Paris"], "hops": None,
+             "type": "bridge"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "qa.parquet")
+    _check(read_qa(tmp_path / "qa.parquet"))
+
+
+def test_reads_datasets_directory(tmp_path: Path) -> None:
+    import datasets
+
+    ds = datasets.Dataset.from_list([{"id": "q1", "question": "Who?",
+                                      "golden_answers": ["Ann", "Anne"]},
+                                     {"id": "2", "question": "Where?",
+                                      "golden_answers": ["Paris"]}])
+    ds.save_to_disk(str(tmp_path / "ds"))
+    records = read_qa(tmp_path / "ds")
+    assert [r.golden_answers for r in records] == [("Ann", "Anne"), ("Paris",)]
+
+
+def test_passages_accept_search_r1_and_flashrag_layouts(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"id": "0", "contents": '"Paris"\nParis is a city.'}) + "\n"
+                    + json.dumps({"id": 1, "text": "Plain text", "title": "T"}) + "\n")
+    passages = read_passages(path)
+    assert passages[0].title == "Paris"
+    assert passages[1].id == "1" and passages[1].contents == "Plain text"
+
+
+def test_missing_question_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + json.dumps({"id": "x", "answer": "y"}) + "\n")
+    with pytest.raises(DataError, match=r"qa\.jsonl: row 3: field 'question'"):
+        read_qa(path)
+
+
+def test_missing_gold_answer_and_bad_json_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"id": "x", "question": "q?", "golden_answers": []}) + "\n")
+    with pytest.raises(DataError, match=r"row 1: field 'golden_answers'"):
+        read_qa(path)
+    path.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    with pytest.raises(DataError, match=r"qa\.jsonl:2: not valid JSON"):
+        read_qa(path)
+
+
+def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="file not found"):
+        read_qa(tmp_path / "nope.jsonl")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported format"):
+        read_qa(tmp_path / "x.csv")
+
+
+def test_manifest_is_the_fingerprint_and_detects_edits(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    sha = write_jsonl(path, read_qa_rows())
+    manifest = read_manifest(path)
+    assert manifest == {"file": "out.jsonl", "rows": 2, "sha256": sha}
+    assert fingerprint(path) == sha
+    path.write_text(path.read_text() + "\n")
+    assert read_manifest(path) is None  # stale manifest is not trusted
+    assert fingerprint(path) != sha
+
+
+def test_failed_write_leaves_no_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl(path, read_qa_rows())
+
+    with pytest.raises(TypeError):
+        write_jsonl(path, [{"unserialisable": object()}])
+    assert not manifest_path(path).exists()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def read_qa_rows() -> list[dict]:  # type: ignore[type-arg]
+    return [{"id": "a", "question": "q?", "golden_answers": ["x"]},
+            {"id": "b", "question": "r?", "golden_answers": ["y"]}]

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from searchrl.config import SyntheticWorldConfig
+from searchrl.data.io import read_manifest, read_passages, read_qa
+from searchrl.data.synthetic import generate_world, write_world
+
+SMALL = SyntheticWorldConfig(seed=3, n_people=80, n_cities=20, n_countries=6,
+                             n_organisations=20, n_train=120, n_dev=30, n_test=40)
+
+
+def test_same_seed_same_bytes(tmp_path: Path) -> None:
+    a = write_world(generate_world(SMALL), tmp_path / "a")
+    b = write_world(generate_world(SMALL), tmp_path / "b")
+    for name in a:
+        assert a[name].read_bytes() == b[name].read_bytes(), name
+
+
+def test_other_seed_other_world() -> None:
+    a = generate_world(SMALL)
+    b = generate_world(SMALL.model_copy(update={"seed": 4}))
+    assert [p.contents for p in a.passages] != [p.contents for p in b.passages]
+
+
+def test_splits_have_no_question_or_anchor_overlap() -> None:
+    world = generate_world(SMALL)
+    questions = {s: {q.question for q in rows} for s, rows in world.splits.items()}
+    assert not questions["train"] & questions["dev"]
+    assert not questions["train"] & questions["test"]
+    assert not questions["dev"] & questions["test"]
+    # Every person or organisation a test question is about appears in no train question.
+    names = set(world.people) | set(world.orgs)
+
+    def anchors(split: str) -> set[str]:
+        return {n for q in world.splits[split] for n in names if n in q.question}
+
+    assert not anchors("train") & anchors("test")
+
+
+def test_hop_mix_and_supporting_passages_hold_the_answer() -> None:
+    world = generate_world(SMALL)
+    by_id = {p.id: p for p in world.passages}
+    hops = {q.hops for rows in world.splits.values() for q in rows}
+    assert hops == {1, 2, 3}
+    for rows in world.splits.values():
+        for q in rows:
+            assert q.hops == len(q.supporting_doc_ids)
+            last = by_id[q.supporting_doc_ids[-1]]
+            assert q.golden_answers[0] in last.contents
+            # The first hop's passage is about the entity the question names.
+            assert by_id[q.supporting_doc_ids[0]].title in q.question
+
+
+def test_answers_exist_only_in_the_corpus_not_in_questions() -> None:
+    world = generate_world(SMALL)
+    for q in world.splits["test"]:
+        assert q.golden_answers[0] not in q.question
+
+
+def test_distractors_are_near_namesakes() -> None:
+    world = generate_world(SMALL)
+    titles = {p.title for p in world.passages}
+    person = next(iter(world.people))
+    first, last = person.split(" ", 1)
+    assert f"{first} {last}son" in titles
+
+
+def test_written_world_round_trips_with_manifests(tmp_path: Path) -> None:
+    paths = write_world(generate_world(SMALL), tmp_path)
+    assert len(read_passages(paths["corpus"])) == len(generate_world(SMALL).passages)
+    train = read_qa(paths["train"])
+    manifest = read_manifest(paths["train"])
+    assert manifest is not None and manifest["rows"] == len(train)
+    assert all(re.fullmatch(r"train-\d{5}", q.id) for q in train)
