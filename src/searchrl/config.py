@@ -161,7 +161,9 @@ class IndexConfig(_Section):
         if any(w < 0 for w in self.hybrid_weights.values()) or not any(
             w > 0 for w in self.hybrid_weights.values()
         ):
-            raise ValueError(f"hybrid_weights must be >= 0 with one > 0 (got {self.hybrid_weights})")
+            raise ValueError(
+                f"hybrid_weights must be >= 0 with one > 0 (got {self.hybrid_weights})"
+            )
         if not self.eval_top_k or min(self.eval_top_k) < 1:
             raise ValueError(f"eval_top_k must be positive integers (got {self.eval_top_k})")
         return self
@@ -373,7 +375,7 @@ def _format_errors(source: str, err: ValidationError) -> str:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
-    """Load a YAML config file, apply overrides, validate. Raises ConfigError naming file and key."""
+    """Load a YAML file, apply overrides, validate; ConfigError names the file and the key."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
