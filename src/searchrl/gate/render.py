@@ -1,0 +1,320 @@
+"""The decision report: one self-contained HTML page (plots inline as base64 PNG) and the same
+numbers as Markdown. Pure: inputs in, strings out; the caller writes and logs them.
+
+Plots are drawn with `matplotlib.figure.Figure` directly (no pyplot, no global backend state),
+so rendering is safe in Prefect worker threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from searchrl.eval.metrics import Interval, Summary
+from searchrl.gate.payback import CostInputs, GateResult, GateThresholds, payback_curve
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """Everything the report shows. `systems` is in display order and contains `trained_name`;
+    `deltas` are paired EM deltas (trained minus each baseline)."""
+
+    title: str
+    gate: GateResult
+    thresholds: GateThresholds
+    costs: CostInputs
+    gold_pairs: int | None
+    comparison_baseline: str
+    trained_name: str
+    eval_set: str
+    systems: dict[str, Summary]
+    by_hops: dict[str, dict[str, Summary]]
+    by_type: dict[str, dict[str, Summary]]
+    searched_split: dict[str, dict[str, Summary]]
+    deltas: dict[str, Interval]
+    training_curve: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    payback_horizon_months: int = 24
+    notes: tuple[str, ...] = ()
+
+
+# --- formatting
+
+
+def _num(x: float | None, fmt: str = ".3f") -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return format(x, fmt)
+
+
+def _ci(iv: Interval, fmt: str = ".3f") -> str:
+    if iv.n == 0 or not math.isfinite(iv.mean):
+        return "n/a"
+    return f"{iv.mean:{fmt}} [{iv.lo:{fmt}}, {iv.hi:{fmt}}]"
+
+
+def _signed_ci(iv: Interval) -> str:
+    return _ci(iv, "+.3f")
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _system_rows(systems: dict[str, Summary]) -> list[list[str]]:
+    return [[name, str(s.n), _ci(s.em), _num(s.f1.mean), _num(s.searches_per_question, ".2f"),
+             _num(s.format_rate, ".2f"), _num(s.support_recall, ".2f"),
+             _num(s.tokens_per_query, ".0f"), _num(s.latency_s * 1000, ".0f")]
+            for name, s in systems.items()]
+
+
+SYSTEM_HEADER = ("system", "n", "EM [95% CI]", "F1", "searches/q", "format ok",
+                 "support retrieved", "tokens/query", "latency ms/q")
+
+
+def _group_rows(groups: dict[str, dict[str, Summary]]) -> list[list[str]]:
+    return [[system, group, str(s.n), _ci(s.em), _num(s.searches_per_question, ".2f")]
+            for system, by_group in groups.items() for group, s in by_group.items()]
+
+
+def _cost_rows(r: ReportInputs) -> list[list[str]]:
+    c, p = r.costs, r.gate.payback
+    rows = [["GPU type", c.gpu_type], ["GPU price / hour", _num(c.gpu_price_per_hour, ".2f")],
+            ["training GPU-hours", _num(c.training_gpu_hours, ".4f")],
+            ["production queries / month", _num(c.production_queries_per_month, ",.0f")],
+            ["trained model tokens / query (measured)", _num(c.small_tokens_per_query, ".0f")],
+            ["trained model price / 1k tokens", _num(c.small_price_per_1k_tokens, ".5f")],
+            ["frontier tokens / query (assumed)", _num(c.frontier_tokens_per_query, ".0f")],
+            ["frontier price / 1k tokens", _num(c.frontier_price_per_1k_tokens, ".5f")]]
+    if p is not None:
+        rows += [["training cost", _num(p.training_cost, ",.2f")],
+                 ["trained model cost / month", _num(p.small_monthly_cost, ",.2f")],
+                 ["frontier cost / month", _num(p.frontier_monthly_cost, ",.2f")],
+                 ["monthly saving", _num(p.monthly_saving, ",.2f")],
+                 ["payback months", _num(p.payback_months, ".3f")]]
+    return rows
+
+
+def _suspect_rows(suspects: Sequence[dict[str, Any]], limit: int = 25) -> list[list[str]]:
+    return [[str(s.get("example_id", "")), str(s.get("question", "")),
+             " / ".join(s.get("golden_answers", [])), str(s.get("answer", "")),
+             _num(s.get("confidence"), ".2f")] for s in suspects[:limit]]
+
+
+# --- plots
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _placeholder(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _plot_em_by_system(r: ReportInputs) -> Figure:
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    names = list(r.systems)
+    means = [r.systems[n].em.mean for n in names]
+    lows = [max(0.0, m - r.systems[n].em.lo) if math.isfinite(m) else 0 for n, m in
+            zip(names, means, strict=True)]
+    highs = [max(0.0, r.systems[n].em.hi - m) if math.isfinite(m) else 0 for n, m in
+             zip(names, means, strict=True)]
+    colors = ["tab:orange" if n == r.trained_name else "tab:blue" for n in names]
+    ax.bar(names, [m if math.isfinite(m) else 0 for m in means], yerr=[lows, highs],
+           capsize=4, color=colors)
+    ax.set_ylabel("exact match")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"EM by system ({r.eval_set}, 95% bootstrap CI)")
+    return fig
+
+
+def _grouped_bars(ax: Any, groups: dict[str, dict[str, Summary]], value: str) -> None:
+    systems = list(groups)
+    keys = sorted({k for g in groups.values() for k in g})
+    width = 0.8 / max(len(systems), 1)
+    for i, system in enumerate(systems):
+        vals = []
+        for k in keys:
+            s = groups[system].get(k)
+            v = (s.em.mean if value == "em" else s.searches_per_question) if s else math.nan
+            vals.append(v if math.isfinite(v) else 0.0)
+        ax.bar([j + i * width for j in range(len(keys))], vals, width=width, label=system)
+    ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(keys))], keys)
+    ax.legend(fontsize=7)
+
+
+def _plot_em_by_hops(r: ReportInputs) -> Figure:
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    _grouped_bars(ax, r.by_hops, "em")
+    ax.set_ylabel("exact match")
+    ax.set_ylim(0, 1)
+    ax.set_title("EM by hop count")
+    return fig
+
+
+def _plot_searches(r: ReportInputs) -> Figure:
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    _grouped_bars(ax, r.by_hops, "searches")
+    ax.set_ylabel("searches per question")
+    ax.set_title("Searches per question by hop count")
+    return fig
+
+
+def _plot_training(r: ReportInputs) -> Figure:
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    if not any(r.training_curve.values()):
+        _placeholder(ax, "no training metrics recorded")
+    for name, points in r.training_curve.items():
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
+    if any(r.training_curve.values()):
+        ax.set_xlabel("GRPO step")
+        ax.legend(fontsize=7)
+    ax.set_title("Training curve")
+    return fig
+
+
+def _plot_payback(r: ReportInputs) -> Figure:
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    p = r.gate.payback
+    if p is None:
+        _placeholder(ax, "cost model inputs invalid: no payback curve")
+    else:
+        curve = payback_curve(p, r.payback_horizon_months)
+        ax.plot([m for m, _ in curve], [v for _, v in curve], marker=".")
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        limit = r.thresholds.max_payback_months
+        if math.isfinite(limit):
+            ax.axvline(limit, color="tab:red", linestyle="--", label=f"max payback {limit:g} mo")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("months in production")
+        ax.set_ylabel("cumulative net saving")
+    ax.set_title("Payback curve")
+    return fig
+
+
+PLOTS = {
+    "em_by_system": ("EM by system with 95% intervals", _plot_em_by_system),
+    "em_by_hops": ("EM by hop count", _plot_em_by_hops),
+    "searches_per_question": ("Searches per question", _plot_searches),
+    "training_curve": ("Training curve", _plot_training),
+    "payback_curve": ("Payback curve", _plot_payback),
+}
+
+
+def render_figures(r: ReportInputs) -> dict[str, str]:
+    """Plot name -> base64 PNG."""
+    return {name: _png(make(r)) for name, (_, make) in PLOTS.items()}
+
+
+# --- documents
+
+
+def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]]]]:
+    """(anchor, heading, table header, rows) shared by Markdown and HTML."""
+    delta_rows = [[f"{r.trained_name} - {name}", _signed_ci(iv), str(iv.n)]
+                  for name, iv in r.deltas.items()]
+    return [
+        ("systems", "Systems on the eval set", list(SYSTEM_HEADER), _system_rows(r.systems)),
+        ("deltas", f"Paired EM deltas ({r.trained_name} minus baseline)",
+         ["comparison", "EM delta [95% CI]", "paired n"], delta_rows),
+        ("hops", "By hop count", ["system", "hops", "n", "EM [95% CI]", "searches/q"],
+         _group_rows(r.by_hops)),
+        ("searched", "Searched vs answered without searching",
+         ["system", "route", "n", "EM [95% CI]", "searches/q"], _group_rows(r.searched_split)),
+        ("types", "By question type", ["system", "type", "n", "EM [95% CI]", "searches/q"],
+         _group_rows(r.by_type)),
+        ("costs", "Cost model", ["item", "value"], _cost_rows(r)),
+        ("audit", f"Label-noise audit: {len(r.suspects)} suspect gold labels",
+         ["id", "question", "gold", "policy answer", "confidence"], _suspect_rows(r.suspects)),
+    ]
+
+
+def _headline(r: ReportInputs) -> list[str]:
+    t = r.thresholds
+    return [
+        f"Decision: **{r.gate.label}**",
+        f"Conditions: at least {t.min_gold_pairs} gold pairs; {r.trained_name} beats "
+        f"{r.comparison_baseline} on EM by >= {t.min_accuracy_margin:+.3f} with the 95% "
+        f"interval above zero; payback within {t.max_payback_months:g} months.",
+    ]
+
+
+def render_markdown(r: ReportInputs) -> str:
+    lines = [f"# {r.title}", ""]
+    lines += [_headline(r)[0], "", _headline(r)[1], ""]
+    lines += [f"- {'PASS' if c.passed else 'FAIL'} {c.name}: {c.detail}" for c in r.gate.checks]
+    lines += ["", f"Gold pairs available: {r.gold_pairs}; eval set: {r.eval_set}.", ""]
+    lines += [f"> {note}" for note in r.notes]
+    for _, heading, header, rows in _sections(r):
+        lines += ["", f"## {heading}", ""]
+        lines.append(_md_table(header, rows) if rows else "_none_")
+    lines.append("")
+    return "\n".join(lines)
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
+th{background:#f3f3f3}
+.decision{font-size:1.6em;font-weight:bold;padding:.4em .8em;display:inline-block;border-radius:6px}
+.go{background:#d8f5d8;color:#145214}.nogo{background:#fde0e0;color:#7a1010}
+.pass{color:#145214}.fail{color:#7a1010}
+figure{display:inline-block;margin:.5em}figcaption{font-size:.85em;color:#555}
+"""
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    if not rows:
+        return "<p><em>none</em></p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
+    """A self-contained page: no external scripts, styles, fonts or images."""
+    figs = figures if figures is not None else render_figures(r)
+    esc = html.escape
+    klass = "go" if r.gate.go else "nogo"
+    checks = "".join(
+        f'<li class="{"pass" if c.passed else "fail"}" data-check="{esc(c.name)}">'
+        f'{"PASS" if c.passed else "FAIL"} <b>{esc(c.name)}</b>: {esc(c.detail)}</li>'
+        for c in r.gate.checks)
+    plots = "".join(
+        f'<figure><img id="plot-{name}" alt="{esc(caption)}" '
+        f'src="data:image/png;base64,{figs[name]}"><figcaption>{esc(caption)}</figcaption>'
+        f"</figure>" for name, (caption, _) in PLOTS.items() if name in figs)
+    notes = "".join(f"<p><em>{esc(n)}</em></p>" for n in r.notes)
+    sections = "".join(f'<h2 id="{a}">{esc(h)}</h2>{_html_table(hd, rows)}'
+                       for a, h, hd, rows in _sections(r))
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{esc(r.title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{esc(r.title)}</h1>"
+        f'<div id="decision" class="decision {klass}">{esc(r.gate.label)}</div>'
+        f"<p>{esc(_headline(r)[1])}</p><ul id=\"checks\">{checks}</ul>"
+        f"<p>Gold pairs available: {esc(str(r.gold_pairs))}; eval set: {esc(r.eval_set)}.</p>"
+        f"{notes}<h2>Plots</h2>{plots}{sections}</body></html>"
+    )

@@ -1,0 +1,128 @@
+"""The decision report: Markdown/HTML carry the decision and numbers; headless Chromium opens
+the HTML and every inline plot decodes to a real image."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from searchrl.eval.metrics import (
+    QuestionResult,
+    breakdown,
+    by_hops,
+    by_searched,
+    by_type,
+    paired_bootstrap_delta,
+    summarize,
+)
+from searchrl.gate.payback import CostInputs, GateInputs, GateThresholds, decide
+from searchrl.gate.render import PLOTS, ReportInputs, render_figures, render_html, render_markdown
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _results(acc: float, n: int = 40, searches: int = 1) -> list[QuestionResult]:
+    return [QuestionResult(example_id=f"q{i}", hops=1 + i % 3, qtype=f"t{i % 2}",
+                           em=float(i < acc * n), f1=float(i < acc * n),
+                           searches=searches * (i % 4 != 0), format_ok=True, prompt_tokens=50,
+                           response_tokens=30, latency_s=0.01, answered=True,
+                           finish_reason="answer", retrieved_support=i % 2 == 0)
+            for i in range(n)]
+
+
+def _report(go: bool, costs_ok: bool = True) -> ReportInputs:
+    runs = {"no_search": _results(0.1, searches=0), "sft": _results(0.3),
+            "trained": _results(0.7 if go else 0.32, searches=2)}
+    costs = CostInputs(gpu_type="H100 <x>", gpu_price_per_hour=2.0,
+                       training_gpu_hours=10.0 if costs_ok else float("nan"),
+                       production_queries_per_month=1e5, small_tokens_per_query=80,
+                       small_price_per_1k_tokens=0.0002, frontier_tokens_per_query=1500,
+                       frontier_price_per_1k_tokens=0.01)
+    deltas = {n: paired_bootstrap_delta([r.em for r in runs["trained"]], [r.em for r in v],
+                                        samples=200) for n, v in runs.items() if n != "trained"}
+    thresholds = GateThresholds(min_gold_pairs=100, min_accuracy_margin=0.05,
+                                max_payback_months=6)
+    gate = decide(GateInputs(gold_pairs=500, accuracy_delta=deltas["sft"].mean,
+                             accuracy_delta_lo=deltas["sft"].lo,
+                             accuracy_delta_hi=deltas["sft"].hi, comparison_baseline="sft",
+                             costs=costs), thresholds)
+    return ReportInputs(
+        title="searchrl decision", gate=gate, thresholds=thresholds, costs=costs,
+        gold_pairs=500, comparison_baseline="sft", trained_name="trained", eval_set="test",
+        systems={n: summarize(v, samples=200) for n, v in runs.items()},
+        by_hops={n: breakdown(v, by_hops, samples=50) for n, v in runs.items()},
+        by_type={"trained": breakdown(runs["trained"], by_type, samples=50)},
+        searched_split={"trained": breakdown(runs["trained"], by_searched, samples=50)},
+        deltas=deltas, training_curve={"reward_mean": [(i, i / 10) for i in range(10)]},
+        suspects=[{"example_id": "q9", "question": "Who founded <Acme>?",
+                   "golden_answers": ["Bob"], "answer": "Rob", "confidence": 0.9}],
+    )
+
+
+def test_markdown_names_decision_conditions_and_numbers() -> None:
+    r = _report(go=True)
+    assert r.gate.go
+    md = render_markdown(r)
+    assert "Decision: **GO**" in md
+    for name in ("data", "accuracy", "payback"):
+        assert f"PASS {name}:" in md
+    assert f"{r.systems['trained'].em.mean:.3f}" in md
+    assert "q9" in md and "1 suspect gold labels" in md
+    no = render_markdown(_report(go=False))
+    assert "Decision: **NO-GO**" in no and "FAIL accuracy:" in no
+
+
+def test_html_is_self_contained_and_escaped() -> None:
+    page = render_html(_report(go=False, costs_ok=False))
+    assert 'class="decision nogo">NO-GO<' in page
+    assert "FAIL <b>payback</b>" in page and "training_gpu_hours" in page
+    assert "&lt;Acme&gt;" in page and "<Acme>" not in page
+    assert not re.search(r"(src|href)=\"(https?:|//|file:)", page)
+    assert page.count('src="data:image/png;base64,') == len(PLOTS)
+
+
+def test_figures_are_pngs() -> None:
+    figs = render_figures(_report(go=True, costs_ok=False))
+    assert set(figs) == set(PLOTS)
+    for data in figs.values():
+        assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+_PROBE = """<script>
+window.addEventListener('load', () => {
+  const imgs = Array.from(document.querySelectorAll('img'));
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100);
+  const probe = document.createElement('div');
+  probe.id = 'probe';
+  probe.textContent = `rendered=${ok.length} total=${imgs.length} ` +
+    `decision=${document.getElementById('decision').innerText}`;
+  document.body.appendChild(probe);
+});
+</script></body>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+@pytest.mark.parametrize("go", [True, False])
+def test_headless_chromium_renders_decision_and_plots(tmp_path: Path, go: bool) -> None:
+    r = _report(go=go)
+    # The probe is injected into a copy: the report itself carries no script.
+    page = tmp_path / "report.html"
+    page.write_text(render_html(r).replace("</body>", _PROBE))
+    assert CHROMIUM is not None
+    out = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    match = re.search(r'<div id="probe">rendered=(\d+) total=(\d+) decision=([A-Z-]+)</div>',
+                      out.stdout)
+    assert match, out.stdout[-2000:]
+    assert int(match.group(1)) == int(match.group(2)) == len(PLOTS)
+    assert match.group(3) == r.gate.label == ("GO" if go else "NO-GO")
