@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from prefect.cache_policies import CachePolicy, CacheKeyFnPolicy
+from prefect.cache_policies import CacheKeyFnPolicy, CachePolicy
 from prefect.context import TaskRunContext
 
 from searchrl.config import PipelineConfig
