@@ -252,3 +252,44 @@ def write_json_artifact(sink: MetricsSink, data: Any, name: str) -> None:
         path = Path(tmp) / name
         path.write_text(json.dumps(data, indent=2, default=str))
         sink.log_artifact(path)
+
+
+# --- model registry (champion / challenger)
+
+
+def register_policy(uri: str, run_id: str, policy_dir: Path, name: str, alias: str,
+                    tags: Mapping[str, str] | None = None) -> str:
+    """Log `policy_dir` (a save_pretrained dir) under the run's `policy/` artifacts, register it
+    as a new version of model `name`, point `alias` at it; return the version number."""
+    client = MlflowClient(tracking_uri=uri)
+    client.log_artifacts(run_id, str(policy_dir), "policy")
+    try:
+        client.get_registered_model(name)
+    except mlflow.exceptions.MlflowException:
+        client.create_registered_model(name)
+    source = f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/policy"
+    version = client.create_model_version(name, source, run_id=run_id, tags=dict(tags or {}))
+    client.set_registered_model_alias(name, alias, str(version.version))
+    return str(version.version)
+
+
+def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
+    """The version `alias` points at (`version`, `run_id`, `source`), or None when the model or
+    the alias does not exist."""
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except mlflow.exceptions.MlflowException:
+        return None
+    return {"version": str(mv.version), "run_id": str(mv.run_id or ""),
+            "source": str(mv.source)}
+
+
+def download_registered_policy(uri: str, name: str, alias: str, dst: Path) -> Path | None:
+    """Download the policy `alias` points at into `dst`; None when there is no such version."""
+    found = registered_policy(uri, name, alias)
+    if found is None:
+        return None
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=found["source"], dst_path=str(dst), tracking_uri=uri))

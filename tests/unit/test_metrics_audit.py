@@ -77,6 +77,12 @@ def test_unknown_example_raises_naming_it() -> None:
         find_suspects([_rec("q404")], EX, min_confidence=0.5)
 
 
+def test_record_passages_back_the_grounding_flag_without_a_corpus() -> None:
+    rec = dataclasses.replace(_rec(), passages=[[PASSAGES["d1"]]])
+    assert find_suspects([rec], EX, min_confidence=0.5)[0]["answer_in_support"] is True
+    assert find_suspects([_rec()], EX, min_confidence=0.5)[0]["answer_in_support"] is False
+
+
 def test_answer_in_passages_is_whole_word_and_normalised() -> None:
     assert answer_in_passages("the Rob Smith", ["Founded by Rob Smith."])
     assert not answer_in_passages("Rob", ["Founded by Robson."])

@@ -46,6 +46,14 @@ def retrieved_ids(record: RolloutRecord) -> list[str]:
     return [doc for turn in record.retrieved_doc_ids for doc in turn]
 
 
+def record_passages(record: RolloutRecord) -> dict[str, str]:
+    """Doc id -> passage text as the rollout returned it (the record's own evidence)."""
+    out: dict[str, str] = {}
+    for ids, texts in zip(record.retrieved_doc_ids, record.passages, strict=False):
+        out.update(zip(ids, texts, strict=False))
+    return out
+
+
 def answer_in_passages(answer: str, passages: Sequence[str]) -> bool:
     """Whether the normalised answer occurs as a whole-word span of a normalised passage."""
     needle = normalize_answer(answer)
@@ -61,7 +69,8 @@ def find_suspects(records: Sequence[RolloutRecord], examples: Mapping[str, QAExa
 
     `examples` maps example id -> its QA row; a record whose id is missing raises KeyError
     naming it, because auditing against the wrong eval set would be silently meaningless.
-    `passages` (doc id -> text) enables the `answer_in_support` flag.
+    `passages` (doc id -> text) backs the `answer_in_support` flag; without it the passage
+    texts the rollout recorded (`record.passages`) are used.
     """
     suspects: list[dict[str, Any]] = []
     for rec in records:
@@ -80,7 +89,8 @@ def find_suspects(records: Sequence[RolloutRecord], examples: Mapping[str, QAExa
         confidence = final_turn_confidence(rec)
         if confidence is None or confidence < min_confidence:
             continue
-        support_text = [passages[d] for d in support_hit if passages and d in passages]
+        texts = dict(passages) if passages is not None else record_passages(rec)
+        support_text = [texts[d] for d in support_hit if d in texts]
         suspects.append({
             "example_id": rec.example_id, "system": system, "question": ex.question,
             "golden_answers": list(ex.golden_answers), "answer": rec.answer,
