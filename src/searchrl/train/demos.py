@@ -1,0 +1,152 @@
+"""Scripted search demonstrations for the cold-start SFT, built from the gold reasoning chain.
+
+A multi-hop question's `supporting_doc_ids` list the passages of its chain in order; the
+title of passage i is the entity to search at hop i (hop 1's is in the question, later hops'
+appear in the previous passage). A gold demonstration is
+
+    prompt <think>search</think><search>E1</search><information>..hits(E1)..</information>
+           <think>search</think><search>E2</search><information>..hits(E2)..</information>
+           <think>answer</think><answer>X</answer><eos>
+
+with the `<information>` blocks produced by the real searcher and the rollout loop's own
+formatter, so the SFT data looks exactly like what the policy will see in rollouts.
+
+A configurable share is deliberately imperfect, so the SFT start leaves room for RL:
+- `skipped_search`: stops searching k < hops hops early and answers with the entity the
+  chain had reached (the bridge entity, or for k = 0 a random corpus title);
+- `wrong_hop`: searches the whole chain but answers with an earlier hop's entity.
+
+Each demonstration is a list of (text, trainable) segments; the SFT loss covers only the
+trainable (policy-written) ones, so prompt and inserted passages are never learnt as output.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from searchrl.retrieval.base import Searcher
+from searchrl.types import Passage, QAExample, SearchHit
+
+DemoKind = Literal["gold", "skipped_search", "wrong_hop"]
+PromptFn = Callable[[str], str]
+InfoFn = Callable[[Sequence[SearchHit]], str]
+
+
+def default_information(hits: Sequence[SearchHit]) -> str:
+    """Search-R1's `Doc i(Title: t) text` block; the trainer passes the rollout's formatter."""
+    body = "\n".join(f"Doc {i}(Title: {h.title}) {h.contents}" for i, h in enumerate(hits, 1))
+    return f"<information>{body}</information>"
+
+
+@dataclass(frozen=True)
+class Demo:
+    example_id: str
+    kind: DemoKind
+    hops: int
+    answer: str
+    segments: tuple[tuple[str, bool], ...]  # (text, trainable)
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.segments)
+
+
+@dataclass
+class DemoStats:
+    built: int = 0
+    skipped_no_chain: int = 0  # no supporting docs / doc missing from the corpus
+    skipped_gold_not_retrieved: int = 0  # the searcher did not return the chain's passage
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+class DemoError(ValueError):
+    """A training example's chain cannot be rendered (names the example and field)."""
+
+
+def _chain_titles(ex: QAExample, passages: Mapping[str, Passage]) -> list[str] | None:
+    titles: list[str] = []
+    for doc_id in ex.supporting_doc_ids:
+        passage = passages.get(doc_id)
+        if passage is None or not passage.title:
+            return None
+        titles.append(passage.title)
+    return titles or None
+
+
+def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
+                searcher: Searcher, *, prompt_fn: PromptFn, info_fn: InfoFn = default_information,
+                top_k: int = 1, imperfect_fraction: float = 0.2, n_demos: int | None = None,
+                seed: int = 0, eos: str = "") -> tuple[list[Demo], DemoStats]:
+    """Demonstrations for (cycling through) `examples`, `n_demos` of them (default: one each).
+
+    Examples without a usable chain (no supporting docs, a doc missing or untitled) or whose
+    chain passage the searcher does not return are skipped and counted in the stats, never
+    rendered with an answer the policy could not have read. Deterministic given `seed`.
+    """
+    if not 0.0 <= imperfect_fraction <= 1.0:
+        raise DemoError(f"imperfect_fraction must be in [0, 1], got {imperfect_fraction}")
+    rng = random.Random(seed)
+    stats = DemoStats()
+    usable: list[tuple[QAExample, list[str]]] = []
+    for ex in examples:
+        titles = _chain_titles(ex, passages)
+        if titles is None:
+            stats.skipped_no_chain += 1
+        else:
+            usable.append((ex, titles))
+    if not usable:
+        raise DemoError("no training example has supporting_doc_ids whose passages (with "
+                        "titles) are in the corpus; demonstrations need the gold chain")
+    # One search per distinct title, batched: the searcher is the slow part.
+    distinct = sorted({t for _, titles in usable for t in titles})
+    hits = dict(zip(distinct, searcher.search_batch(distinct, top_k), strict=True))
+    all_titles = sorted({p.title for p in passages.values() if p.title})
+    doc_of_title = {passages[d].title: d for ex, _ in usable for d in ex.supporting_doc_ids}
+    target = n_demos if n_demos is not None else len(usable)
+    order = list(range(len(usable)))
+    demos: list[Demo] = []
+    cursor = 0
+    attempts = 0
+    while len(demos) < target and attempts < 4 * target + len(usable):
+        attempts += 1
+        if cursor % len(order) == 0:
+            rng.shuffle(order)
+        ex, titles = usable[order[cursor % len(order)]]
+        cursor += 1
+        if any(doc_of_title[t] not in {h.doc_id for h in hits[t]} for t in titles):
+            stats.skipped_gold_not_retrieved += 1
+            continue
+        kind: DemoKind = "gold"
+        if rng.random() < imperfect_fraction:
+            kind = rng.choice(["skipped_search", "wrong_hop"])
+        demo = _render(ex, titles, hits, kind, rng, prompt_fn, info_fn, all_titles, eos)
+        demos.append(demo)
+        stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
+    stats.built = len(demos)
+    return demos, stats
+
+
+def _render(ex: QAExample, titles: list[str], hits: Mapping[str, list[SearchHit]],
+            kind: DemoKind, rng: random.Random, prompt_fn: PromptFn, info_fn: InfoFn,
+            all_titles: list[str], eos: str) -> Demo:
+    n_search = len(titles)
+    answer = ex.golden_answers[0]
+    if kind == "skipped_search":
+        n_search = rng.randrange(len(titles))  # 0 .. hops-1 searches
+        answer = titles[n_search] if n_search > 0 else rng.choice(all_titles)
+    elif kind == "wrong_hop":
+        # An entity the chain passed through instead of the final one.
+        answer = rng.choice(titles[1:]) if len(titles) > 1 else titles[0]
+    while kind != "gold" and answer in ex.golden_answers:
+        # The chain can pass through the answer itself (a capital is also a birth city).
+        answer = rng.choice(all_titles)
+    segments: list[tuple[str, bool]] = [(prompt_fn(ex.question), False)]
+    for title in titles[:n_search]:
+        segments.append((f"<think>search</think><search>{title}</search>", True))
+        segments.append((info_fn(hits[title]), False))
+    segments.append((f"<think>answer</think><answer>{answer}</answer>{eos}", True))
+    return Demo(example_id=ex.id, kind=kind, hops=len(titles), answer=answer,
+                segments=tuple(segments))

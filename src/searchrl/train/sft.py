@@ -1,0 +1,141 @@
+"""Cold start: a tokenizer and tiny causal LM for the corpus, taught the tag format by a short
+SFT on scripted demonstrations (see `demos.py`), before RL.
+
+The SFT loss is the token-mean negative log-likelihood over policy-written tokens only: the
+mask is built per segment in lockstep with the tokens (prompt and inserted `<information>`
+blocks are 0), exactly as rollouts build theirs. For a real base model SFT is optional
+(`train.sft.enabled`); nothing here assumes the tiny model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from searchrl.config import SFTConfig
+from searchrl.train.demos import Demo
+from searchrl.train.tensors import token_logprobs
+
+
+@dataclass(frozen=True)
+class TokenizedDemo:
+    input_ids: list[int]
+    loss_mask: list[int]  # per input token: 1 iff written by the policy
+
+
+@dataclass
+class SFTResult:
+    losses: list[float] = field(default_factory=list)  # one per optimiser step
+    steps: int = 0
+    tokens_trained: int = 0
+    seconds: float = 0.0
+
+
+def tokenize_demo(demo: Demo, tokenizer: PreTrainedTokenizerBase, max_len: int) -> TokenizedDemo:
+    """Tokenize segment by segment (as rollouts do) so the mask lines up token for token.
+
+    Raises ValueError when the demo exceeds `max_len` tokens (truncating would cut the answer,
+    the part the demo is for); raise `max_len` or shorten the info budget.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    for text, trainable in demo.segments:
+        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids.extend(seg)
+        mask.extend([int(trainable)] * len(seg))
+    if len(ids) > max_len:
+        raise ValueError(f"demo for {demo.example_id} is {len(ids)} tokens, over max_len "
+                         f"{max_len}; raise train.sft.max_len or lower rollout.info_token_budget")
+    return TokenizedDemo(ids, mask)
+
+
+def _collate(items: Sequence[TokenizedDemo], pad_id: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    length = max(len(d.input_ids) for d in items)
+    ids = torch.full((len(items), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(items), length), dtype=torch.long)
+    target_mask = torch.zeros((len(items), length - 1))
+    for i, d in enumerate(items):
+        n = len(d.input_ids)
+        ids[i, :n] = torch.tensor(d.input_ids)
+        attn[i, :n] = 1
+        # Target j is input token j + 1: it is learnt iff the policy wrote that token.
+        target_mask[i, : n - 1] = torch.tensor(d.loss_mask[1:], dtype=torch.float32)
+    return ids, attn, target_mask
+
+
+def masked_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+               target_mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean NLL over `target_mask` (targets in `[N, L-1]` coordinates)."""
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+    logp = token_logprobs(logits, ids)  # [N, L-1]
+    return -(logp * target_mask).sum() / target_mask.sum().clamp(min=1.0)
+
+
+def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: Sequence[Demo],
+            cfg: SFTConfig, *, seed: int = 0,
+            on_step: Callable[[int, float], None] | None = None) -> SFTResult:
+    """Train `model` in place on `demos` for `cfg.epochs` epochs (AdamW, cosine decay).
+
+    Raises FloatingPointError on a non-finite loss (a diverged cold start is not worth saving).
+    """
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("tokenizer has no pad token; set tokenizer.pad_token before SFT")
+    data = [tokenize_demo(d, tokenizer, cfg.max_len) for d in demos]
+    if not data:
+        raise ValueError("no demonstrations to train on")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warmup = max(1, total // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total)))
+    result = SFTResult()
+    start = time.perf_counter()
+    model.train()
+    for _ in range(cfg.epochs):
+        order = list(range(len(data)))
+        rng.shuffle(order)
+        for b in range(0, len(order), cfg.batch_size):
+            ids, attn, tmask = _collate([data[i] for i in order[b : b + cfg.batch_size]], pad_id)
+            loss = masked_nll(model, ids, attn, tmask)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"SFT loss became {loss.item()} at step {result.steps}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            result.steps += 1
+            result.tokens_trained += int(tmask.sum())
+            result.losses.append(float(loss))
+            if on_step is not None:
+                on_step(result.steps, float(loss))
+    model.eval()  # type: ignore[no-untyped-call]
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+    """save_pretrained model + tokenizer into a temp sibling, then rename: never half-written."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)

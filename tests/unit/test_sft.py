@@ -1,0 +1,122 @@
+"""Scripted demonstrations and the masked cold-start SFT."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from searchrl.config import SFTConfig, SyntheticWorldConfig, TinyModelConfig
+from searchrl.data.synthetic import generate_world
+from searchrl.models.tiny import build_tiny_model, train_tokenizer
+from searchrl.train.demos import DemoError, build_demos
+from searchrl.train.sft import masked_nll, run_sft, tokenize_demo
+from searchrl.types import Passage, QAExample, SearchHit
+
+WORLD = generate_world(SyntheticWorldConfig(seed=3, n_people=30, n_cities=8, n_countries=4,
+                                            n_organisations=8, n_train=40, n_dev=4, n_test=4))
+PASSAGES = {p.id: p for p in WORLD.passages}
+
+
+class TitleSearcher:
+    """Exact-title lookup standing in for BM25: returns the named passage then a distractor."""
+
+    def __init__(self, passages: Sequence[Passage]) -> None:
+        self.by_title = {p.title: p for p in passages}
+        self.passages = list(passages)
+
+    def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
+        out = []
+        for q in queries:
+            hits = [self.by_title[q]] if q in self.by_title else []
+            hits += [p for p in self.passages if p.title != q][: top_k - len(hits)]
+            out.append([SearchHit(p.id, p.title, p.contents, 1.0) for p in hits[:top_k]])
+        return out
+
+
+def prompt(q: str) -> str:
+    return f"Question: {q}\n"
+
+
+def test_gold_demo_follows_the_chain() -> None:
+    train = WORLD.splits["train"]
+    demos, stats = build_demos(train, PASSAGES, TitleSearcher(WORLD.passages), prompt_fn=prompt,
+                               imperfect_fraction=0.0, seed=0)
+    assert stats.built == len(train) and stats.kinds == {"gold": len(train)}
+    for demo, ex in zip(sorted(demos, key=lambda d: d.example_id),
+                        sorted(train, key=lambda e: e.id), strict=True):
+        titles = [PASSAGES[d].title for d in ex.supporting_doc_ids]
+        searches = [t.split("<search>")[1].split("</search>")[0]
+                    for t, trainable in demo.segments if "<search>" in t]
+        assert searches == titles
+        assert demo.answer == ex.golden_answers[0]
+        assert demo.text.endswith(f"<answer>{ex.golden_answers[0]}</answer>")
+        # Inserted passages are never trainable; policy segments never contain them.
+        for text, trainable in demo.segments:
+            assert trainable == ("<information>" not in text and not text.startswith("Question"))
+
+
+def test_imperfect_demos_answer_wrong_and_share_is_configurable() -> None:
+    train = WORLD.splits["train"]
+    demos, stats = build_demos(train, PASSAGES, TitleSearcher(WORLD.passages), prompt_fn=prompt,
+                               imperfect_fraction=1.0, n_demos=60, seed=1)
+    assert stats.built == 60 and "gold" not in stats.kinds
+    assert set(stats.kinds) == {"skipped_search", "wrong_hop"}
+    gold = {e.id: e.golden_answers[0] for e in train}
+    assert all(d.answer != gold[d.example_id] for d in demos)
+    skipped = [d for d in demos if d.kind == "skipped_search"]
+    assert all(d.text.count("<search>") < d.hops for d in skipped)
+    half, _ = build_demos(train, PASSAGES, TitleSearcher(WORLD.passages), prompt_fn=prompt,
+                          imperfect_fraction=0.5, n_demos=200, seed=2)
+    share = sum(d.kind != "gold" for d in half) / len(half)
+    assert 0.35 < share < 0.65
+
+
+def test_examples_without_a_chain_are_skipped_and_counted() -> None:
+    good = WORLD.splits["train"][0]
+    bad = QAExample(id="x", question="Who?", golden_answers=("A",), supporting_doc_ids=("nope",))
+    demos, stats = build_demos([good, bad], PASSAGES, TitleSearcher(WORLD.passages),
+                               prompt_fn=prompt)
+    assert stats.skipped_no_chain == 1 and [d.example_id for d in demos] == [good.id]
+    with pytest.raises(DemoError, match="supporting_doc_ids"):
+        build_demos([bad], PASSAGES, TitleSearcher(WORLD.passages), prompt_fn=prompt)
+
+
+def _tiny(demos_text: list[str]):  # type: ignore[no-untyped-def]
+    texts = [p.contents for p in WORLD.passages] + demos_text
+    tok = train_tokenizer(texts, vocab_size=400)
+    model = build_tiny_model(TinyModelConfig(vocab_size=400, n_layer=1, n_embd=32, n_head=2,
+                                             n_positions=512), tok, seed=0)
+    return model, tok
+
+
+def test_tokenized_mask_covers_policy_tokens_only() -> None:
+    demos, _ = build_demos(WORLD.splits["train"][:5], PASSAGES, TitleSearcher(WORLD.passages),
+                           prompt_fn=prompt, imperfect_fraction=0.0)
+    _, tok = _tiny([d.text for d in demos])
+    for demo in demos:
+        td = tokenize_demo(demo, tok, max_len=1024)
+        assert len(td.input_ids) == len(td.loss_mask)
+        policy = tok.decode([t for t, m in zip(td.input_ids, td.loss_mask, strict=True) if m])
+        other = tok.decode([t for t, m in zip(td.input_ids, td.loss_mask, strict=True) if not m])
+        assert "<answer>" in policy and "<information>" not in policy
+        assert "<information>" in other and "<answer>" not in other
+    with pytest.raises(ValueError, match="max_len"):
+        tokenize_demo(demos[0], tok, max_len=5)
+
+
+def test_sft_lowers_the_masked_loss() -> None:
+    demos, _ = build_demos(WORLD.splits["train"], PASSAGES, TitleSearcher(WORLD.passages),
+                           prompt_fn=prompt, imperfect_fraction=0.0, n_demos=48, seed=0)
+    model, tok = _tiny([d.text for d in demos])
+    td = tokenize_demo(demos[0], tok, max_len=1024)
+    ids = torch.tensor([td.input_ids])
+    attn = torch.ones_like(ids)
+    tmask = torch.tensor([td.loss_mask[1:]], dtype=torch.float32)
+    before = float(masked_nll(model, ids, attn, tmask).detach())
+    result = run_sft(model, tok, demos, SFTConfig(epochs=4, lr=3e-3, batch_size=8), seed=0)
+    after = float(masked_nll(model, ids, attn, tmask).detach())
+    assert result.steps == 4 * 6
+    assert after < before - 1.0
+    assert sum(result.losses[-3:]) < sum(result.losses[:3])
