@@ -237,6 +237,10 @@ class SFTConfig(_Section):
     batch_size: int = 16
     imperfect_fraction: float = Field(0.2, ge=0.0, le=1.0)
     n_demos: int = 800
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # A demo longer than this raises (truncation would cut the answer the demo is for).
+    max_len: int = 1024
 
 
 class TrainConfig(_Section):
