@@ -38,3 +38,18 @@ class StagePaths:
     @property
     def gate_dir(self) -> Path:
         return self.work_dir / "decide_go_no_go"
+
+
+_SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def safe_filename(name: str) -> str:
+    """A file name derived from data, config or a request, made safe to join to a directory.
+
+    Anything outside [A-Za-z0-9._-] becomes '_' and leading dots are stripped, so '../x',
+    '/etc/passwd' or 'a/b' can never escape the directory or create subdirectories.
+    """
+    cleaned = "".join(c if c in _SAFE_CHARS else "_" for c in name).lstrip(".")
+    if not cleaned:
+        raise ValueError(f"{name!r} gives an empty file name")
+    return cleaned[:128]

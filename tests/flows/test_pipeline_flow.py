@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.pipeline import pipeline
 from searchrl.tracking import child_runs
@@ -18,18 +14,12 @@ FAST = [
 ]
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 def _overrides(tmp: Path) -> list[str]:
     return [*FAST, f"run.work_dir={tmp / 'work'}",
             f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}"]
 
 
-def test_pipeline_creates_parent_and_child_runs(harness: None, tmp_path: Path) -> None:
+def test_pipeline_creates_parent_and_child_runs(prefect_harness: None, tmp_path: Path) -> None:
     result = pipeline(config_path="configs/tiny.yaml", overrides=_overrides(tmp_path))
     children = child_runs(result["tracking_uri"], result["parent_run_id"])
     stages = {c["stage"]: c for c in children}
@@ -39,7 +29,9 @@ def test_pipeline_creates_parent_and_child_runs(harness: None, tmp_path: Path) -
     assert Path(result["dataset"].paths["train"]).is_file()
 
 
-def test_rerun_with_same_inputs_reuses_finished_stages(harness: None, tmp_path: Path) -> None:
+def test_rerun_with_same_inputs_reuses_finished_stages(
+    prefect_harness: None, tmp_path: Path
+) -> None:
     first = pipeline(config_path="configs/tiny.yaml", overrides=_overrides(tmp_path))
     second = pipeline(config_path="configs/tiny.yaml", overrides=_overrides(tmp_path))
     # Cached stage: same reference back, and no new child run for it.

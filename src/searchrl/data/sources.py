@@ -14,6 +14,7 @@ from pathlib import Path
 from searchrl.config import DataConfig
 from searchrl.data.io import fingerprint, read_passages, read_raw_qa_rows, write_jsonl
 from searchrl.data.synthetic import generate_world, write_world
+from searchrl.paths import safe_filename
 
 
 def source_fingerprint(cfg: DataConfig) -> str:
@@ -47,9 +48,9 @@ def materialise_sources(cfg: DataConfig, out_dir: Path) -> dict[str, Path]:
         paths["corpus"] = out_dir / "corpus.jsonl"
         write_jsonl(paths["corpus"], read_passages(cfg.corpus_path))
     for name, src in cfg.extra_eval.items():
-        paths[f"extra_eval:{name}"] = out_dir / f"extra_eval_{name}.jsonl"
+        paths[f"extra_eval:{name}"] = out_dir / f"extra_eval_{safe_filename(name)}.jsonl"
         write_jsonl(paths[f"extra_eval:{name}"], [row for _, row in read_raw_qa_rows(src)])
     for name, src in cfg.extra_corpus.items():
-        paths[f"extra_corpus:{name}"] = out_dir / f"extra_corpus_{name}.jsonl"
+        paths[f"extra_corpus:{name}"] = out_dir / f"extra_corpus_{safe_filename(name)}.jsonl"
         write_jsonl(paths[f"extra_corpus:{name}"], read_passages(src))
     return paths
