@@ -196,22 +196,30 @@ class ModelConfig(_Section):
 class RolloutConfig(_Section):
     backend: Literal["hf", "vllm"] = "hf"
     group_size: int = Field(8, ge=1)
+    # Search turns; after `max_turns` searches the template opens <answer> for a last turn.
     max_turns: int = Field(4, ge=1)
-    max_new_tokens_per_turn: int = 48
-    max_response_tokens: int = 400
+    max_new_tokens_per_turn: int = Field(48, ge=1)
+    # Whole response (sampled + information + glue) per rollout.
+    max_response_tokens: int = Field(400, ge=1)
     top_k: int = Field(3, ge=1)
-    info_token_budget: int = 160
+    # Tokens of passage text per <information> block (tags not counted).
+    info_token_budget: int = Field(160, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # Rows decoded together (prompts x G are processed in chunks of this many).
+    max_batch_rows: int = Field(64, ge=1)
     vllm_gpu_memory_utilization: float = 0.4
 
 
 class RewardConfig(_Section):
+    # Graded answer score in the shaped reward (curriculum/eval use binary EM regardless).
     kind: Literal["em", "f1"] = "em"
-    format_weight: float = 0.1
-    search_cost: float = 0.0
-    # Reward when the answer is correct but the format is broken (Search-R1's lambda_f).
-    correct_bad_format: float = 0.8
+    # Reward of a well-formed but wrong completion (Search-R1's lambda_f).
+    format_weight: float = Field(0.1, ge=0.0, le=1.0)
+    # Subtracted per search the policy issued.
+    search_cost: float = Field(0.0, ge=0.0)
+    # Reward when the answer is correct but the format is broken.
+    correct_bad_format: float = Field(0.8, ge=0.0, le=1.0)
 
 
 # --- stage 3: curriculum

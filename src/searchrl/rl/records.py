@@ -12,7 +12,14 @@ class RolloutRecord:
     `response_ids` is everything after the prompt exactly as the model conditioned on it
     (sampled tokens, inserted `<information>` blocks, template glue); `loss_mask[i]` is 1 iff
     `response_ids[i]` was sampled by the policy. `old_logprobs[i]` is the sampling-time
-    log-probability of a sampled token (0.0 where the mask is 0).
+    log-probability of a sampled token (0.0 where the mask is 0): log softmax(logits / T) at
+    the sampling temperature T (1.0 when greedy), before top-p truncation.
+
+    `text` is the whole response decoded (information blocks included, for reading and the
+    audit); `completion` is what rewards saw (policy-sampled text plus the template's forced
+    `<answer>` opener, never prompt or information). `segments` are `(kind, start, end)` spans
+    of `response_ids` (kind: sampled | info | glue | forced). `passages[i]` are the neutralised
+    passage texts returned for `queries[i]` (before token truncation).
     """
 
     example_id: str
@@ -30,4 +37,10 @@ class RolloutRecord:
     reward_parts: dict[str, float] = field(default_factory=dict)
     correct: bool = False
     search_errors: int = 0
-    finish_reason: str = ""  # answer | eos | max_turns | token_budget
+    # answer | eos | max_turns | token_budget | invalid (a turn ended without a usable action)
+    finish_reason: str = ""
+    completion: str = ""
+    segments: list[tuple[str, int, int]] = field(default_factory=list)
+    passages: list[list[str]] = field(default_factory=list)
+    mode: str = "agentic"  # agentic | no_search | retrieve_once
+    forced_answer: bool = False  # the template opened the answer (baselines, max_turns)

@@ -1,0 +1,319 @@
+"""transformers backends for the `Generator` protocol (CPU, or one GPU without vLLM).
+
+`HFGenerator` decodes all rows of a batch together and keeps their KV cache across turns:
+when the rollout calls again with contexts that extend the previous ones (the last sampled
+token + an inserted `<information>` block), only that suffix is prefilled onto the cache.
+
+Cache layout: one batch-wide cache whose rows may contain holes. New chunks are left-padded
+(so the last position of every row is a real token and its logits are the next-token
+distribution), rows that stopped earlier in a turn are fed pad tokens; both are masked out
+(attention 0) and do not advance the row's position ids, so every row attends to exactly its
+own tokens at exactly their positions, as in a full-context forward pass.
+
+`HFFullContextGenerator` is the plain reference: per sample, `model.generate` re-encoding the
+whole context every turn. Tests and the benchmark compare the two (greedy outputs identical).
+
+Both hold a reference to the live model, so weights the trainer updates are used by the next
+call (call `release()` after an update if a batch is in flight: cached keys/values were made
+with the old weights).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import Tensor
+from transformers import (
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from transformers.cache_utils import DynamicLayer
+
+from searchrl.generation.base import (
+    FinishReason,
+    GenerationOutput,
+    SamplingParams,
+    StopChecker,
+    sample_next,
+)
+
+
+@dataclass
+class _CacheState:
+    keys: list[str]
+    cache: DynamicCache
+    attention: Tensor  # [N, W] 1 where the cache slot holds a real token of that row
+    next_pos: list[int]  # per row: position id of the next real token
+    cached: list[list[int]] = field(default_factory=list)  # per row: ids whose KV is cached
+
+
+def _row_limits(n: int, params: SamplingParams, limits: Sequence[int] | None) -> list[int]:
+    if limits is None:
+        return [params.max_new_tokens] * n
+    if len(limits) != n:
+        raise ValueError(f"{len(limits)} limits for {n} contexts")
+    if min(limits, default=1) < 1:
+        raise ValueError(f"every limit must be >= 1 (got {min(limits)})")
+    return [min(params.max_new_tokens, int(x)) for x in limits]
+
+
+class HFGenerator:
+    """Batched decoding with the KV cache kept across turns (see the module docstring)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 device: str | torch.device = "cpu", *, reuse_cache: bool = True) -> None:
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("tokenizer needs pad and eos tokens (set tokenizer.pad_token)")
+        self.model = model
+        self._tok = tokenizer
+        self.device = torch.device(device)
+        self.reuse_cache = reuse_cache
+        self._state: _CacheState | None = None
+        # transformers 5.x renamed `past_key_values` to `cache`; accept both generations.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # Work counters (tokens run through the model), for benchmarks and stats.
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tok
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if value is not None else None
+
+    def release(self) -> None:
+        self._state = None
+
+    @torch.no_grad()
+    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 keys: Sequence[str] | None = None, limits: Sequence[int] | None = None,
+                 seed: int = 0) -> list[GenerationOutput]:
+        n = len(contexts)
+        if n == 0:
+            return []
+        if keys is not None and (len(keys) != n or len(set(keys)) != n):
+            raise ValueError(f"keys must be {n} distinct names, one per context (got {keys})")
+        row_limits = _row_limits(n, params, limits)
+        ctx = [[int(t) for t in c] for c in contexts]
+        if any(not c for c in ctx):
+            raise ValueError("every context needs at least one token")
+        max_ctx = self.max_context_tokens
+        if max_ctx is not None:
+            too_long = [i for i, c in enumerate(ctx) if len(c) + row_limits[i] > max_ctx]
+            if too_long:
+                i = too_long[0]
+                raise ValueError(
+                    f"row {i}: context {len(ctx[i])} + {row_limits[i]} new tokens exceeds the "
+                    f"model's {max_ctx} positions; lower rollout.max_response_tokens or the limit")
+        was_training = self.model.training
+        self.model.train(False)
+        try:
+            state = self._reusable_state(ctx, keys)
+            logits = self._prefill(state, [c[len(state.cached[i]):] for i, c in enumerate(ctx)])
+            outputs = self._decode(state, logits, params, row_limits, seed)
+        finally:
+            self.model.train(was_training)
+        self._state = state if (self.reuse_cache and keys is not None) else None
+        return outputs
+
+    # --- cache bookkeeping
+
+    def _fresh_state(self, n: int, keys: Sequence[str] | None) -> _CacheState:
+        return _CacheState(
+            keys=list(keys) if keys is not None else [""] * n,
+            cache=DynamicCache(config=self.model.config),
+            attention=torch.zeros((n, 0), dtype=torch.long, device=self.device),
+            next_pos=[0] * n, cached=[[] for _ in range(n)],
+        )
+
+    def _reusable_state(self, ctx: list[list[int]], keys: Sequence[str] | None) -> _CacheState:
+        """The previous state restricted/reordered to `keys`, if every row extends its cache."""
+        old = self._state
+        self._state = None
+        if old is None or keys is None or not self.reuse_cache:
+            return self._fresh_state(len(ctx), keys)
+        where = {k: i for i, k in enumerate(old.keys)}
+        rows = [where.get(k) for k in keys]
+        for c, r in zip(ctx, rows, strict=True):
+            # A usable row extends its cached ids by at least one token (we need fresh logits).
+            if r is None or len(c) <= len(old.cached[r]) or c[:len(old.cached[r])] != old.cached[r]:
+                return self._fresh_state(len(ctx), keys)
+        order = [r for r in rows if r is not None]
+        index = torch.tensor(order, dtype=torch.long, device=self.device)
+        if order != list(range(len(old.keys))):
+            old.cache.reorder_cache(cast(torch.LongTensor, index))
+        attention = old.attention.index_select(0, index)
+        # Drop slots no remaining row uses (rows that left the batch leave holes behind).
+        used = attention.any(dim=0)
+        layers = list(old.cache.layers)
+        if not bool(used.all()) and all(isinstance(x, DynamicLayer) for x in layers):
+            keep = used.nonzero().squeeze(-1)
+            for layer in layers:
+                dyn = cast(DynamicLayer, layer)
+                if dyn.keys is not None and dyn.values is not None:
+                    dyn.keys = dyn.keys.index_select(2, keep)
+                    dyn.values = dyn.values.index_select(2, keep)
+            attention = attention.index_select(1, keep)
+        return _CacheState(keys=list(keys), cache=old.cache, attention=attention,
+                           next_pos=[old.next_pos[r] for r in order],
+                           cached=[list(old.cached[r]) for r in order])
+
+    def _forward(self, state: _CacheState, chunk: Tensor, chunk_mask: Tensor,
+                 positions: Tensor) -> Tensor:
+        state.attention = torch.cat([state.attention, chunk_mask], dim=1)
+        kwargs: dict[str, Any] = {self._cache_kwarg: state.cache}
+        out: Any = self.model(input_ids=chunk, attention_mask=state.attention,
+                              position_ids=positions, use_cache=True, logits_to_keep=1,
+                              **kwargs)
+        logits: Tensor = out.logits[:, -1, :]
+        return logits.float()
+
+    def _prefill(self, state: _CacheState, pending: list[list[int]]) -> Tensor:
+        """Feed each row's uncached suffix (left-padded); last-position logits `[N, V]`."""
+        n, width = len(pending), max(len(p) for p in pending)
+        chunk = torch.full((n, width), int(self._tok.pad_token_id), dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for i, ids in enumerate(pending):
+            start = width - len(ids)
+            chunk[i, start:] = torch.tensor(ids, dtype=torch.long)
+            mask[i, start:] = 1
+            positions[i, start:] = torch.arange(state.next_pos[i], state.next_pos[i] + len(ids))
+            positions[i, :start] = state.next_pos[i]
+            state.next_pos[i] += len(ids)
+            state.cached[i].extend(ids)
+        self.prefill_tokens += sum(len(p) for p in pending)
+        return self._forward(state, chunk.to(self.device), mask.to(self.device),
+                             positions.to(self.device))
+
+    def _decode(self, state: _CacheState, logits: Tensor, params: SamplingParams,
+                row_limits: list[int], seed: int) -> list[GenerationOutput]:
+        n = len(row_limits)
+        stop = StopChecker(self._tok, params.stop)
+        eos = int(self._tok.eos_token_id)
+        pad = int(self._tok.pad_token_id)
+        rng = None if params.greedy else torch.Generator(device=self.device).manual_seed(seed)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        finish: list[FinishReason | None] = [None] * n
+        while True:
+            next_ids, next_lp = sample_next(logits, params, rng)
+            ids_list, lp_list = next_ids.tolist(), next_lp.tolist()
+            alive = [False] * n
+            for i in range(n):
+                if finish[i] is not None:
+                    continue
+                tokens[i].append(ids_list[i])
+                logps[i].append(lp_list[i])
+                if ids_list[i] == eos:
+                    finish[i] = "eos"
+                elif stop.hit(tokens[i]):
+                    finish[i] = "stop"
+                elif len(tokens[i]) >= row_limits[i]:
+                    finish[i] = "length"
+                else:
+                    alive[i] = True
+            if not any(alive):
+                break
+            # Feed this step's tokens for rows that go on; stopped rows get a masked pad.
+            feed = torch.tensor([ids_list[i] if alive[i] else pad for i in range(n)],
+                                dtype=torch.long)
+            mask = torch.tensor([int(a) for a in alive], dtype=torch.long)
+            positions = torch.tensor(state.next_pos, dtype=torch.long)
+            for i in range(n):
+                if alive[i]:
+                    state.next_pos[i] += 1
+                    state.cached[i].append(ids_list[i])
+            self.decode_tokens += sum(alive)
+            logits = self._forward(state, feed[:, None].to(self.device),
+                                   mask[:, None].to(self.device),
+                                   positions[:, None].to(self.device))
+        return [GenerationOutput(tokens[i], logps[i], finish[i] or "length") for i in range(n)]
+
+
+class _TextStop(StoppingCriteria):
+    def __init__(self, checker: StopChecker, prompt_len: int) -> None:
+        self._checker = checker
+        self._prompt_len = prompt_len
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor,
+                 **kwargs: Any) -> torch.BoolTensor:
+        hits = [self._checker.hit(row[self._prompt_len:].tolist()) for row in input_ids]
+        return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+class HFFullContextGenerator:
+    """Reference backend: per sample, `model.generate` over the full context every call.
+
+    No state is kept between calls; `keys` are ignored. Same stop rules and logprob
+    definition as `HFGenerator`; sampled (non-greedy) outputs use torch's global RNG seeded
+    per call, so they differ from `HFGenerator`'s.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 device: str | torch.device = "cpu") -> None:
+        self.model = model
+        self._tok = tokenizer
+        self.device = torch.device(device)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tok
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if value is not None else None
+
+    def release(self) -> None:
+        return None
+
+    @torch.no_grad()
+    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 keys: Sequence[str] | None = None, limits: Sequence[int] | None = None,
+                 seed: int = 0) -> list[GenerationOutput]:
+        row_limits = _row_limits(len(contexts), params, limits)
+        checker = StopChecker(self._tok, params.stop)
+        eos = int(self._tok.eos_token_id)
+        was_training = self.model.training
+        self.model.train(False)
+        outputs = []
+        try:
+            for i, context in enumerate(contexts):
+                torch.manual_seed(seed + i)
+                input_ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
+                sample_kwargs: dict[str, Any] = (
+                    {"do_sample": False} if params.greedy else
+                    {"do_sample": True, "temperature": params.temperature,
+                     "top_p": params.top_p, "top_k": 0}
+                )
+                out: Any = cast(Any, self.model).generate(
+                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                    max_new_tokens=row_limits[i], eos_token_id=eos,
+                    pad_token_id=int(self._tok.pad_token_id),
+                    stopping_criteria=StoppingCriteriaList(
+                        [_TextStop(checker, input_ids.shape[1])]),
+                    return_dict_in_generate=True, output_logits=True, **sample_kwargs,
+                )
+                new = out.sequences[0, input_ids.shape[1]:].tolist()
+                temperature = 1.0 if params.greedy else params.temperature
+                lps = [float(torch.log_softmax(step[0].float() / temperature, dim=-1)[tok])
+                       for step, tok in zip(out.logits, new, strict=False)]
+                reason: FinishReason = (
+                    "eos" if new and new[-1] == eos else
+                    "stop" if checker.hit(new) else "length")
+                outputs.append(GenerationOutput(new, lps, reason))
+        finally:
+            self.model.train(was_training)
+        return outputs

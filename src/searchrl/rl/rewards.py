@@ -1,0 +1,152 @@
+"""Rewards: pure, deterministic functions of the policy's completion text only.
+
+The completion is what the policy sampled (plus the trusted `<answer>` opener the template may
+insert); never the prompt, never inserted `<information>` text. So an answer planted in a
+passage cannot score: it is not in the text these functions see.
+
+Shaped reward (Search-R1 with format reward, generalised to a graded answer score `a` in
+[0, 1], `a` = EM or token F1 per `reward.kind`):
+
+    well-formed:  format_weight + (1 - format_weight) * a      (a=1 -> 1, a=0 -> format_weight)
+    malformed:    correct_bad_format * a                        (a=1 -> lambda, a=0 -> 0)
+    total = that - search_cost * n_searches
+
+`is_correct` (binary normalised EM of the extracted answer) is kept separate: curriculum
+filtering and evaluation use it, never the shaped reward.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from searchrl.config import RewardConfig
+from searchrl.rl.actions import extract_answer
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+_TAG = re.compile(r"</?(think|search|information|answer)>")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold answer, else 0.0.
+
+    A prediction that normalises to nothing never matches (a gold like "The" would otherwise
+    reward an empty answer).
+    """
+    pred = normalize_answer(prediction)
+    return float(bool(pred) and any(pred == normalize_answer(g) for g in golden_answers))
+
+
+def _f1_one(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not gold_tokens:
+        return 0.0
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(pred_tokens)
+    recall = overlap / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1(prediction: str, golden_answers: Sequence[str]) -> float:
+    """Max token F1 over gold answers (normalised, whitespace tokens); an empty prediction is 0."""
+    pred = normalize_answer(prediction).split()
+    if not pred:
+        return 0.0
+    return max((_f1_one(pred, normalize_answer(g).split()) for g in golden_answers),
+               default=0.0)
+
+
+def format_score(completion_text: str) -> float:
+    """1.0 iff the completion is a well-formed tag sequence, else 0.0.
+
+    Well-formed: only whitespace outside blocks; blocks are `<think>`, `<search>` or
+    `<answer>` (the policy never writes `<information>`), never nested; at most one `<think>`
+    before each `<search>`/`<answer>`; every search non-empty; exactly one answer, the last
+    block.
+    """
+    pos = 0
+    blocks: list[tuple[str, str]] = []
+    parts = list(_TAG.finditer(completion_text))
+    i = 0
+    while i < len(parts):
+        opening = parts[i]
+        if completion_text[pos:opening.start()].strip():
+            return 0.0
+        name = opening.group(1)
+        if opening.group(0).startswith("</") or name == "information":
+            return 0.0
+        if i + 1 >= len(parts) or parts[i + 1].group(0) != f"</{name}>":
+            return 0.0
+        closing = parts[i + 1]
+        blocks.append((name, completion_text[opening.end():closing.start()]))
+        pos = closing.end()
+        i += 2
+    if completion_text[pos:].strip() or not blocks:
+        return 0.0
+    names = [name for name, _ in blocks]
+    if names[-1] != "answer" or names.count("answer") != 1:
+        return 0.0
+    previous = ""
+    for name, content in blocks:
+        if name == "think" and previous == "think":
+            return 0.0
+        if name == "search" and not content.strip():
+            return 0.0
+        previous = name
+    return 1.0
+
+
+@dataclass(frozen=True)
+class RewardParts:
+    """The reward and its parts (all floats so they log and average directly)."""
+
+    total: float
+    em: float
+    f1: float
+    format: float
+    answered: float
+    search_penalty: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def score(completion_text: str, golden_answers: Sequence[str], n_searches: int,
+          reward_cfg: RewardConfig, *, forced_answer: bool = False) -> RewardParts:
+    """The shaped reward of one completion (see the module docstring for the formula).
+
+    `forced_answer`: the template opened the answer (after `max_turns`), so the structure is
+    not the policy's own and earns no format credit.
+    """
+    answer = extract_answer(completion_text)
+    em = exact_match(answer, golden_answers) if answer is not None else 0.0
+    f1_value = f1(answer, golden_answers) if answer is not None else 0.0
+    fmt = 0.0 if forced_answer else format_score(completion_text)
+    graded = em if reward_cfg.kind == "em" else f1_value
+    if fmt == 1.0:
+        shaped = reward_cfg.format_weight + (1.0 - reward_cfg.format_weight) * graded
+    else:
+        shaped = reward_cfg.correct_bad_format * graded
+    penalty = reward_cfg.search_cost * n_searches
+    return RewardParts(total=shaped - penalty, em=em, f1=f1_value, format=fmt,
+                       answered=float(answer is not None), search_penalty=penalty)
+
+
+def is_correct(completion_text: str, golden_answers: Sequence[str]) -> bool:
+    """Binary correctness for curriculum/evaluation: normalised EM of the extracted answer."""
+    answer = extract_answer(completion_text)
+    return answer is not None and exact_match(answer, golden_answers) == 1.0
