@@ -277,12 +277,18 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     split: Literal["dev", "test"] = "test"
-    max_questions: int | None = None
+    max_questions: int | None = Field(None, ge=1)
+    # `champion` is skipped (with a note in the report) while the registry holds none.
     baselines: tuple[
         Literal["no_search", "retrieve_once", "base_agentic", "champion", "sft"], ...
-    ] = ("no_search", "retrieve_once", "sft")
-    bootstrap_samples: int = 1000
+    ] = ("no_search", "retrieve_once", "sft", "champion")
+    bootstrap_samples: int = Field(1000, ge=100)
+    confidence_level: float = Field(0.95, gt=0.0, lt=1.0)
+    batch_size: int = Field(32, ge=1)  # questions per rollout batch; latency is per batch
     registry_model_name: str = "searchrl-policy"
+    champion_alias: str = "champion"
+    # Label-noise audit: minimum geometric-mean probability of the answering turn.
+    audit_min_confidence: float = Field(0.5, ge=0.0, le=1.0)
 
 
 # --- stage 6: gate
@@ -298,10 +304,12 @@ class GateConfig(_Section):
     small_model_price_per_1k_tokens: float = 0.0002
     frontier_tokens_per_query: float = 1500
     frontier_price_per_1k_tokens: float = 0.01
-    comparison_baseline: str = "retrieve_once"
+    # A baseline name from eval.baselines, or "best": the strongest evaluated baseline by EM.
+    comparison_baseline: str = "best"
     min_accuracy_margin: float = 0.05
     max_payback_months: float = 6.0
     registry_alias: str = "champion"
+    payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
 
 
 class PipelineConfig(_Section):

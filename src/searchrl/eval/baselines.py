@@ -1,0 +1,94 @@
+"""Which systems are evaluated, and with which weights and rollout mode.
+
+All systems run the same rollout loop on the same eval questions and retriever:
+
+    trained        the GRPO policy, agentic loop (search as often as it likes)
+    sft            the SFT starting policy, same agentic prompt: the "prompted agentic loop
+                   with the untrained (not RL-trained) policy" of the same size
+    no_search      the SFT policy answering directly (template opens `<answer>` at once)
+    retrieve_once  the SFT policy given the top-k passages for the question, then answering
+    base_agentic   the base model before any training (tiny default: a fresh random init
+                   with the same tokenizer; pretrained: `model.name_or_path`), agentic loop
+    champion       the policy the model registry's champion alias points at, agentic loop
+
+The no_search / retrieve_once baselines use the SFT policy so they are the same model size
+and have seen the tag format, but never learned *when* to search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from searchrl.config import PipelineConfig
+from searchrl.models.tiny import build_tiny_model, load_policy
+
+Mode = Literal["agentic", "no_search", "retrieve_once"]
+TRAINED = "trained"
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """One evaluated system: a policy source and the rollout mode it runs in.
+
+    `policy` is a save_pretrained directory, or `random-init:<tokenizer dir>` for the tiny
+    untrained base, or a model name for a pretrained base.
+    """
+
+    name: str
+    policy: str
+    mode: Mode
+    description: str
+
+
+def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | None,
+                 champion_dir: str | None, config: PipelineConfig
+                 ) -> tuple[list[SystemSpec], list[str]]:
+    """Systems to evaluate (baselines in the given order, then `trained`) and a note for each
+    requested baseline that cannot run (no SFT start, no champion registered)."""
+    specs: list[SystemSpec] = []
+    notes: list[str] = []
+    for name in baselines:
+        if name in ("sft", "no_search", "retrieve_once"):
+            if sft_dir is None:
+                notes.append(f"baseline {name} skipped: the training stage recorded no SFT "
+                             "policy (train.sft.enabled=false)")
+                continue
+            mode: Mode = "agentic" if name == "sft" else name  # type: ignore[assignment]
+            desc = {"sft": "SFT start, agentic loop (not RL-trained)",
+                    "no_search": "SFT policy, direct answer without retrieval",
+                    "retrieve_once": "SFT policy, top-k passages once, then answer"}[name]
+            specs.append(SystemSpec(name, sft_dir, mode, desc))
+        elif name == "champion":
+            if champion_dir is None:
+                notes.append("baseline champion skipped: no policy registered under "
+                             f"{config.eval.registry_model_name}@{config.eval.champion_alias}")
+                continue
+            specs.append(SystemSpec(name, champion_dir, "agentic",
+                                    "registry champion, agentic loop"))
+        elif name == "base_agentic":
+            if config.model.kind == "pretrained":
+                assert config.model.name_or_path is not None
+                source = config.model.name_or_path
+            else:
+                source = f"random-init:{sft_dir or policy_dir}"
+            specs.append(SystemSpec(name, source, "agentic", "untrained base model, agentic loop"))
+        else:
+            raise ValueError(f"eval.baselines: unknown baseline {name!r}; valid: sft, "
+                             "no_search, retrieve_once, base_agentic, champion")
+    specs.append(SystemSpec(TRAINED, policy_dir, "agentic", "GRPO-trained policy, agentic loop"))
+    return specs, notes
+
+
+def load_system_policy(spec: SystemSpec, config: PipelineConfig
+                       ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer for one system (eval mode)."""
+    if spec.policy.startswith("random-init:"):
+        tok_dir = Path(spec.policy.removeprefix("random-init:"))
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(tok_dir))
+        return build_tiny_model(config.model.tiny, tokenizer, seed=config.run.seed), tokenizer
+    return load_policy(spec.policy, config.model.dtype)
