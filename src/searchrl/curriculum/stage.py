@@ -1,0 +1,140 @@
+"""Stage 3 library entry: estimate each training question's difficulty with the current policy,
+drop the zero-variance ends, order the rest, and write the artifacts.
+
+Artifacts (all under `out_dir`, manifests last so nothing partial looks complete):
+`train_curriculum.jsonl` (kept questions in training order), `difficulty.parquet` (one row per
+question with the policy and data fingerprints it came from), `dropped.jsonl` (each dropped
+question with its reason), `difficulty_hist.png`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from searchrl.config import PipelineConfig
+from searchrl.curriculum.difficulty import (
+    FilterResult,
+    QuestionDifficulty,
+    estimate_difficulty,
+    filter_by_difficulty,
+)
+from searchrl.data.io import atomic_write_text, fingerprint, read_qa, write_jsonl
+from searchrl.generation.hf import HFGenerator
+from searchrl.models.tiny import load_policy
+from searchrl.retrieval.base import Searcher
+from searchrl.rl.records import RolloutRecord
+from searchrl.rl.rollout import run_rollouts
+from searchrl.types import QAExample
+
+
+@dataclass
+class CurriculumResult:
+    train_path: Path
+    difficulty_path: Path
+    dropped_path: Path
+    histogram_path: Path
+    counts: dict[str, int]
+    mean_pass_rate: float
+
+
+def rollout_pass_rates(examples: Sequence[QAExample], generator: HFGenerator,
+                       searcher: Searcher, config: PipelineConfig, group_size: int,
+                       chunk: int = 16) -> list[RolloutRecord]:
+    """G sampled rollouts per question, in chunks with a progress bar."""
+    records: list[RolloutRecord] = []
+    for start in tqdm(range(0, len(examples), chunk), desc="curriculum rollouts", unit="chunk"):
+        batch = run_rollouts(examples[start:start + chunk], generator, searcher,
+                             config.rollout, config.reward, group_size=group_size,
+                             seed=config.run.seed + start)
+        records.extend(batch.records)
+    return records
+
+
+def _plot_histogram(difficulties: Sequence[QuestionDifficulty], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    by_hops: dict[int, list[float]] = {}
+    for d in difficulties:
+        by_hops.setdefault(d.hops or 0, []).append(d.pass_rate)
+    ax.hist([by_hops[h] for h in sorted(by_hops)], bins=10, range=(0, 1), stacked=True,
+            label=[f"{h} hops" for h in sorted(by_hops)])
+    ax.set_xlabel("pass rate of the starting policy (binary EM over G rollouts)")
+    ax.set_ylabel("questions")
+    ax.set_title("Training-question difficulty")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_artifacts(examples: Sequence[QAExample], result: FilterResult,
+                    difficulties: Sequence[QuestionDifficulty], out_dir: Path,
+                    policy_fingerprint: str, data_fingerprint: str) -> CurriculumResult:
+    import pandas as pd
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_id = {ex.id: ex for ex in examples}
+    kept_ids = {d.example_id for d in result.kept}
+    reasons = {d.example_id: reason for d, reason in result.dropped}
+    frame = pd.DataFrame([d.to_row() | {"kept": d.example_id in kept_ids,
+                                        "drop_reason": reasons.get(d.example_id),
+                                        "policy_fingerprint": policy_fingerprint,
+                                        "data_fingerprint": data_fingerprint}
+                          for d in difficulties])
+    difficulty_path = out_dir / "difficulty.parquet"
+    tmp = difficulty_path.with_suffix(".parquet.tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(difficulty_path)
+    dropped_path = out_dir / "dropped.jsonl"
+    write_jsonl(dropped_path, [by_id[d.example_id].model_dump(mode="json")
+                               | {"pass_rate": d.pass_rate, "reason": r}
+                               for d, r in result.dropped])
+    hist = out_dir / "difficulty_hist.png"
+    _plot_histogram(difficulties, hist)
+    train_path = out_dir / "train_curriculum.jsonl"
+    write_jsonl(train_path, [by_id[d.example_id] for d in result.kept])
+    mean = sum(d.pass_rate for d in difficulties) / max(len(difficulties), 1)
+    atomic_write_text(out_dir / "counts.json", json.dumps(result.counts, indent=2))
+    return CurriculumResult(train_path=train_path, difficulty_path=difficulty_path,
+                            dropped_path=dropped_path, histogram_path=hist,
+                            counts=result.counts, mean_pass_rate=mean)
+
+
+def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
+                   searcher: Searcher, out_dir: Path) -> CurriculumResult:
+    """Estimate difficulty with the policy in `policy_dir`, filter, order, write artifacts.
+
+    With `curriculum.enabled: false` every question is kept in its original order (the
+    difficulty is still measured, so the unfiltered baseline is documented the same way).
+    """
+    cfg = config.curriculum
+    examples = read_qa(train_path)
+    if cfg.max_questions is not None:
+        examples = examples[: cfg.max_questions]
+    model, tokenizer = load_policy(policy_dir)
+    model.eval()
+    generator = HFGenerator(model, tokenizer)
+    records = rollout_pass_rates(examples, generator, searcher, config, cfg.group_size)
+    difficulties = estimate_difficulty(examples, records)
+    if cfg.enabled:
+        result = filter_by_difficulty(difficulties, min_pass_rate=cfg.min_pass_rate,
+                                      max_pass_rate=cfg.max_pass_rate, order=cfg.order,
+                                      seed=config.run.seed)
+    else:
+        result = FilterResult(kept=list(difficulties), dropped=[],
+                              counts={"questions_in": len(difficulties),
+                                      "kept": len(difficulties), "dropped": 0,
+                                      "dropped_never_solved": 0, "dropped_always_solved": 0})
+    return write_artifacts(examples, result, difficulties, out_dir,
+                           policy_fingerprint=fingerprint(policy_dir),
+                           data_fingerprint=fingerprint(train_path))
