@@ -94,17 +94,41 @@ class DataConfig(_Section):
 # --- stage 1: validation
 
 
+GoldCheck = Literal[
+    "contract", "duplicate_id", "schema", "answer_variant", "duplicate_question",
+    "conflicting_gold", "leakage_exact", "leakage_near", "unanswerable", "not_in_supporting",
+    "unknown_supporting_doc", "time_sensitive",
+]
+
+
 class ValidateConfig(_Section):
+    """Gold-label validation. Rules of the GX suites live in `contracts_dir`; checks listed in
+    `quarantine_checks` move a row to quarantine, every other flag only asks for review."""
+
     max_quarantine_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    # Steward decisions (accept / correct a flagged row); None -> no overrides.
     overrides_path: Path | None = Path("data_contracts/overrides.yaml")
-    max_question_chars: int = 1000
-    max_answer_chars: int = 300
-    max_hops: int = 4
+    contracts_dir: Path = Path("data_contracts")
+    max_question_chars: int = Field(1000, ge=1)
+    max_answer_chars: int = Field(300, ge=1)
+    max_passage_chars: int = Field(20000, ge=1)
+    max_hops: int = Field(4, ge=1)
     allowed_types: tuple[str, ...] = (
         "bridge", "comparison", "compositional", "inference", "single", "1hop", "2hop", "3hop",
+        # the synthetic world's question templates (searchrl.data.synthetic.SYNTHETIC_TYPES)
+        "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
+        "person_birth_country", "org_founder_birth_city", "org_hq_country",
+        "org_founder_birth_country", "person_birth_country_capital",
     )
-    near_duplicate_threshold: float = Field(0.9, ge=0.0, le=1.0)
+    # Token-set Jaccard of normalised questions at/above which train vs eval is leakage.
+    near_duplicate_threshold: float = Field(0.9, gt=0.0, le=1.0)
     time_sensitive_terms: tuple[str, ...] = ("current", "currently", "latest", "this year", "now")
+    # Judgement answers that are not spans of any passage: never looked up in the corpus.
+    non_extractive_answers: tuple[str, ...] = ("yes", "no")
+    quarantine_checks: tuple[GoldCheck, ...] = (
+        "contract", "duplicate_id", "schema", "duplicate_question", "conflicting_gold",
+        "leakage_exact", "leakage_near", "unanswerable", "unknown_supporting_doc",
+    )
 
 
 # --- stage 2: indexing / retrieval
@@ -232,7 +256,11 @@ class CurriculumConfig(_Section):
     max_pass_rate: float = 1.0
     order: Literal["easy_to_hard", "hard_to_easy", "mixed"] = "easy_to_hard"
     dynamic_filtering: bool = True
+    # Refill rounds per step when groups have zero reward variance (dynamic filtering).
+    max_refill_rounds: int = Field(2, ge=0)
     reestimate_every: int = 0
+    # Cap on questions whose difficulty is estimated (None = the whole train split).
+    max_questions: int | None = None
 
 
 # --- stage 4: training
@@ -269,6 +297,11 @@ class TrainConfig(_Section):
     max_nonfinite_steps: int = 3
     resume: bool = True
     grad_clip: float = 1.0
+    warmup_steps: int = Field(0, ge=0)
+    # Greedy exact match on `eval_questions` dev questions every `eval_every` steps (0: off),
+    # for the learning curve; the evaluation stage does the real held-out measurement.
+    eval_every: int = Field(0, ge=0)
+    eval_questions: int = Field(60, ge=1)
     sft: SFTConfig = SFTConfig()
 
 
@@ -310,6 +343,8 @@ class GateConfig(_Section):
     max_payback_months: float = 6.0
     registry_alias: str = "champion"
     payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
+    # Trainer metrics plotted as the training curve (a key matches `m`, `*/m` or `*.m`).
+    training_curve_metrics: tuple[str, ...] = ("reward_mean", "em", "correct_rate")
 
 
 class PipelineConfig(_Section):

@@ -1,0 +1,114 @@
+"""HTTP client of the retrieval service, as a `Searcher`.
+
+Speaks Search-R1's `/retrieve` shape (`{"queries", "topk", "return_scores"}` ->
+`{"result": [[{"document": {"id", "contents", ...}, "score"}, ...], ...]}`), so it also works
+against Search-R1's own retrieval server. Every call has a timeout; connection errors,
+timeouts, 429 and 5xx are retried a bounded number of times with exponential backoff; then,
+or on any other error status or a malformed answer, `SearchError` is raised. A failure is
+never returned as an empty result. Hit texts are neutralised (rollout tags escaped).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from searchrl.config import IndexConfig
+from searchrl.retrieval.base import SearchError
+from searchrl.retrieval.scan import neutralise
+from searchrl.types import SearchHit
+
+_RETRY_STATUS = frozenset({429, 502, 503, 504})
+
+
+class RetrievalClient:
+    """`Searcher` over HTTP. Thread-safe (one pooled httpx client)."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0,
+                 retries: int = 3, backoff_s: float = 0.2,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers,
+                                  transport=transport)
+
+    @classmethod
+    def from_config(cls, config: IndexConfig) -> RetrievalClient:
+        """Client for `config.service_url`, token from `$<config.service_token_env>` if set."""
+        return cls(config.service_url, token=os.environ.get(config.service_token_env) or None,
+                   timeout_s=config.client_timeout_s, retries=config.client_retries,
+                   backoff_s=config.client_backoff_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, json: Any = None) -> Any:
+        last: str = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = self._http.request(method, path, json=json)
+            except httpx.TransportError as exc:  # refused, reset, DNS, timeouts
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if resp.status_code in _RETRY_STATUS or resp.status_code >= 500:
+                last = f"HTTP {resp.status_code}: {_detail(resp)}"
+                continue
+            if resp.status_code >= 400:
+                raise SearchError(f"retrieval service {self.url}{path} rejected the request: "
+                                  f"HTTP {resp.status_code}: {_detail(resp)}")
+            try:
+                return resp.json()
+            except ValueError as exc:
+                raise SearchError(f"retrieval service {self.url}{path}: answer is not JSON"
+                                  ) from exc
+        raise SearchError(f"retrieval service {self.url}{path} failed after {self.retries + 1} "
+                          f"attempts ({last}); is it running? start it with "
+                          "`python -m searchrl.retrieval.server --index-dir DIR --config CFG`")
+
+    def health(self) -> dict[str, Any]:
+        data = self._request("GET", "/health")
+        if not isinstance(data, dict):
+            raise SearchError(f"retrieval service {self.url}/health: unexpected answer {data!r}")
+        return data
+
+    def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
+        if not queries:
+            return []
+        data = self._request("POST", "/retrieve", json={
+            "queries": list(queries), "topk": top_k, "return_scores": True})
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or len(result) != len(queries):
+            raise SearchError(f"retrieval service {self.url}/retrieve: expected 'result' with "
+                              f"{len(queries)} lists, got {str(data)[:200]}")
+        try:
+            return [[_hit(item) for item in per_query] for per_query in result]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SearchError(f"retrieval service {self.url}/retrieve: malformed hit: {exc}"
+                              ) from exc
+
+
+def _hit(item: dict[str, Any]) -> SearchHit:
+    # Neutralised again here (idempotent): the server may be Search-R1's, which does not.
+    doc = item["document"]
+    title = doc.get("title")
+    return SearchHit(doc_id=str(doc["id"]), title=neutralise(str(title)) if title else None,
+                     contents=neutralise(str(doc["contents"])),
+                     score=float(item.get("score", 0.0)))
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300]
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])[:300]
+    return str(body)[:300]

@@ -1,0 +1,521 @@
+"""Build, reuse and load corpus indexes; the in-process `Searcher` rollouts use by default.
+
+On-disk layout, one directory per corpus (the stage directory holds one per corpus name):
+
+    <corpus_dir>/passages/    passages.jsonl  ids, titles, *neutralised* contents (returned)
+    <corpus_dir>/bm25/        bm25s index + its tokenizer
+    <corpus_dir>/embeddings/  embeddings.npy  (normalised, row i = passage i)
+    <corpus_dir>/faiss/       index.faiss
+    <corpus_dir>/scan.json    poisoning scan report
+    <corpus_dir>/manifest.json
+
+Each component directory is built in a temporary sibling and carries a `manifest.json` whose
+`key` holds everything its content depends on (corpus fingerprint, parameters, encoder name
+and hash, faiss type). The manifest is written last and the directory renamed into place, so
+a directory without a manifest is never complete; a component is reused exactly when its
+manifest key matches what the config asks for, and rebuilt otherwise. Embeddings are a
+separate component so changing only the faiss type does not re-embed the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from searchrl.config import IndexConfig
+from searchrl.data.io import DataError, atomic_write_text, fingerprint, read_passages, read_qa
+from searchrl.retrieval.base import Searcher
+from searchrl.retrieval.bm25 import BM25Index, Ranking
+from searchrl.retrieval.dense import (
+    DenseIndex,
+    Encoder,
+    build_faiss,
+    encoder_hash,
+    faiss_params,
+    prefixes,
+    prepare_for_search,
+)
+from searchrl.retrieval.hybrid import rrf_fuse
+from searchrl.retrieval.scan import neutralise, scan_corpus
+from searchrl.tracking import MetricsSink
+from searchrl.types import Passage, SearchHit
+
+FORMAT_VERSION = 1
+# Bump when `scan.neutralise` changes, so stored passages are re-escaped.
+NEUTRALISE_VERSION = 1
+MANIFEST = "manifest.json"
+MAIN_CORPUS = "main"
+# Candidates each retriever contributes to a hybrid fusion, at least.
+HYBRID_DEPTH = 50
+
+
+class IndexStoreError(RuntimeError):
+    """An index directory is missing, incomplete or does not match the config."""
+
+
+# --- corpus I/O
+
+
+def load_corpus(corpus_path: Path) -> list[Passage]:
+    """Passages of a corpus file; duplicate ids or an empty corpus raise DataError."""
+    passages = read_passages(corpus_path)
+    if not passages:
+        raise DataError(f"{corpus_path}: corpus has no passages")
+    seen: dict[str, int] = {}
+    for row, passage in enumerate(passages, start=1):
+        if passage.id in seen:
+            raise DataError(f"{corpus_path}: row {row}: field 'id': duplicate passage id "
+                            f"{passage.id!r} (first at row {seen[passage.id]})")
+        seen[passage.id] = row
+    return passages
+
+
+def _read_passage_store(directory: Path) -> list[Passage]:
+    path = directory / "passages.jsonl"
+    with path.open(encoding="utf-8") as fh:
+        return [Passage.model_validate_json(line) for line in fh if line.strip()]
+
+
+# --- components: build in a temp dir, manifest last, rename into place
+
+
+def _key_fingerprint(key: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """A component's manifest, or None when absent or unreadable (= not complete)."""
+    try:
+        data: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def _dir_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    if final.exists():
+        # Unmark first: if we die between the renames, no stale dir claims to be complete.
+        (final / MANIFEST).unlink(missing_ok=True)
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+
+
+def _component(directory: Path, key: dict[str, Any],
+               build: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """Reuse `directory` if its manifest key equals `key`, else build it atomically.
+
+    Returns (manifest, reused). `build(tmp_dir)` writes the files and returns extra manifest
+    fields; an exception (or interrupt) leaves the old complete component or nothing.
+    """
+    existing = read_manifest(directory)
+    if existing is not None and existing.get("key") == key:
+        return existing, True
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        start = time.perf_counter()
+        extra = build(tmp)
+        manifest = {"key": key, "fingerprint": _key_fingerprint(key), "complete": True,
+                    "build_seconds": round(time.perf_counter() - start, 3),
+                    "bytes": _dir_bytes(tmp), "built_at": time.time(), **extra}
+        atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+        _swap_into_place(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest, False
+
+
+def _remove_stale_temps(out_dir: Path) -> None:
+    """Leftovers of builds that were killed (a SIGKILL skips the cleanup in `_component`)."""
+    if out_dir.is_dir():
+        for child in out_dir.iterdir():
+            if child.name.startswith(".") and (".tmp-" in child.name or ".old-" in child.name):
+                shutil.rmtree(child, ignore_errors=True)
+
+
+# --- keys: everything a component's content depends on
+
+
+def _passages_key(corpus_fp: str) -> dict[str, Any]:
+    return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp,
+            "neutralise": NEUTRALISE_VERSION}
+
+
+def _bm25_key(corpus_fp: str, config: IndexConfig) -> dict[str, Any]:
+    return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp, "k1": config.bm25_k1,
+            "b": config.bm25_b, "stopwords": config.bm25_stopwords,
+            "bm25s": version("bm25s")}
+
+
+def _embeddings_key(corpus_fp: str, config: IndexConfig) -> dict[str, Any]:
+    return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp,
+            "encoder": config.encoder, "encoder_hash": encoder_hash(config.encoder),
+            "passage_prefix": prefixes(config)[1]}
+
+
+def _faiss_key(embeddings_key: dict[str, Any], config: IndexConfig) -> dict[str, Any]:
+    return {**embeddings_key, "faiss_index": config.faiss_index, "hnsw_m": config.hnsw_m,
+            "hnsw_ef_construction": config.hnsw_ef_construction,
+            "ivf_nlist": config.ivf_nlist, "pq_m": config.pq_m}
+
+
+def components_for(config: IndexConfig) -> tuple[str, ...]:
+    """Which retrievers to build: what `retriever` needs, or all when evaluating all."""
+    if config.eval_all_retrievers or config.retriever == "hybrid":
+        return ("bm25", "dense")
+    return (config.retriever,)
+
+
+# --- the in-process searcher
+
+
+class LocalSearcher:
+    """BM25, dense or hybrid search over one corpus, in this process.
+
+    `search_batch` follows the `Searcher` protocol with `config.retriever`; `rank` gives any
+    built retriever's raw rankings (for recall measurement). Returned contents and titles are
+    neutralised (rollout tags escaped).
+    """
+
+    def __init__(self, passages: Sequence[Passage], config: IndexConfig,
+                 bm25: BM25Index | None = None, dense: DenseIndex | None = None) -> None:
+        self.passages = list(passages)
+        self.config = config
+        self.bm25 = bm25
+        self.dense = dense
+        self.retriever = config.retriever
+
+    @property
+    def size(self) -> int:
+        return len(self.passages)
+
+    def available(self) -> tuple[str, ...]:
+        have = [name for name, idx in (("bm25", self.bm25), ("dense", self.dense)) if idx]
+        return (*have, "hybrid") if len(have) == 2 else tuple(have)
+
+    def rank(self, queries: Sequence[str], top_k: int, retriever: str | None = None
+             ) -> list[Ranking]:
+        retriever = retriever or self.retriever
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (got {top_k})")
+        if retriever not in self.available():
+            raise IndexStoreError(f"retriever {retriever!r} was not built for this index "
+                              f"(built: {self.available()}); rebuild with "
+                              f"index.retriever={retriever} or index.eval_all_retrievers=true")
+        if retriever == "bm25":
+            assert self.bm25 is not None
+            return self.bm25.search(queries, top_k)
+        if retriever == "dense":
+            assert self.dense is not None
+            return self.dense.search(queries, top_k)
+        assert self.bm25 is not None and self.dense is not None
+        depth = max(top_k, HYBRID_DEPTH)
+        return rrf_fuse({"bm25": self.bm25.search(queries, depth),
+                         "dense": self.dense.search(queries, depth)},
+                        self.config.hybrid_weights, top_k=top_k, k=self.config.rrf_k)
+
+    def to_hits(self, rankings: list[Ranking]) -> list[list[SearchHit]]:
+        return [[SearchHit(doc_id=self.passages[row].id, title=self.passages[row].title,
+                           contents=self.passages[row].contents, score=score)
+                 for row, score in ranking] for ranking in rankings]
+
+    def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
+        return self.to_hits(self.rank(queries, top_k))
+
+
+# --- building
+
+
+@dataclass
+class IndexBuildResult:
+    """What `build_index` built for one corpus."""
+
+    name: str
+    index_dir: Path
+    fingerprint: str
+    passages: int
+    components: dict[str, bool] = field(default_factory=dict)  # component -> reused?
+    build_seconds: float = 0.0
+    index_bytes: int = 0
+    recall: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    scan: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metric dict, names prefixed by the corpus name."""
+        out = {f"{self.name}.passages": float(self.passages),
+               f"{self.name}.build_seconds": self.build_seconds,
+               f"{self.name}.index_bytes": float(self.index_bytes),
+               f"{self.name}.flagged_tag": float(self.scan.get("flagged_tag", 0)),
+               f"{self.name}.flagged_injection": float(self.scan.get("flagged_injection", 0))}
+        for eval_name, by_retriever in self.recall.items():
+            for retriever, by_k in by_retriever.items():
+                for k, value in by_k.items():
+                    out[f"{self.name}.{eval_name}.{retriever}.recall_at_{k}"] = value
+        return out
+
+
+def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
+                eval_sets: dict[str, Path] | None, sink: MetricsSink, *,
+                name: str = MAIN_CORPUS, progress: bool = True) -> IndexBuildResult:
+    """Index one corpus into `out_dir` (reusing components whose manifests match), scan it
+    for poisoning, measure recall@k on `eval_sets` (name -> QA file with supporting_doc_ids),
+    and log metrics (prefixed `name.`) and the scan report to `sink`.
+
+    `out_dir/manifest.json` is written last; while it is absent the index is not complete.
+    """
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out_dir)
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    corpus_fp = fingerprint(corpus_path)
+    wanted = components_for(config)
+    # Parsed lazily: a fully reused index needs no pass over the corpus.
+    cache: dict[str, list[Passage]] = {}
+
+    def corpus() -> list[Passage]:
+        if "raw" not in cache:
+            cache["raw"] = load_corpus(Path(corpus_path))
+        return cache["raw"]
+
+    # --- passages + scan
+    def build_passages(tmp: Path) -> dict[str, Any]:
+        raw = corpus()
+        report = scan_corpus(raw)
+        safe = [Passage(id=p.id, title=neutralise(p.title) if p.title else p.title,
+                        contents=neutralise(p.contents)) for p in raw]
+        text = "".join(p.model_dump_json() + "\n" for p in safe)
+        atomic_write_text(tmp / "passages.jsonl", text)
+        atomic_write_text(tmp / "scan.json", json.dumps(report.to_dict(), indent=2))
+        return {"passages": len(safe), "corpus_path": str(corpus_path)}
+
+    manifests: dict[str, dict[str, Any]] = {}
+    reused: dict[str, bool] = {}
+    encoder_cache: list[Encoder] = []
+    manifests["passages"], reused["passages"] = _component(
+        out_dir / "passages", _passages_key(corpus_fp), build_passages)
+    shutil.copyfile(out_dir / "passages" / "scan.json", out_dir / "scan.json")
+
+    # --- bm25
+    if "bm25" in wanted:
+        def build_bm25(tmp: Path) -> dict[str, Any]:
+            BM25Index.build([p.contents for p in corpus()], k1=config.bm25_k1, b=config.bm25_b,
+                            stopwords=config.bm25_stopwords, show_progress=progress).save(tmp)
+            return {}
+
+        manifests["bm25"], reused["bm25"] = _component(
+            out_dir / "bm25", _bm25_key(corpus_fp, config), build_bm25)
+
+    # --- dense: embeddings, then the faiss index over them
+    if "dense" in wanted:
+        emb_key = _embeddings_key(corpus_fp, config)
+
+        def build_embeddings(tmp: Path) -> dict[str, Any]:
+            encoder = Encoder(config)
+            encoder_cache.append(encoder)
+            emb = encoder.encode_passages([p.contents for p in corpus()], progress=progress)
+            np.save(tmp / "embeddings.npy", emb)
+            return {"dim": int(emb.shape[1]), "rows": int(emb.shape[0])}
+
+        manifests["embeddings"], reused["embeddings"] = _component(
+            out_dir / "embeddings", emb_key, build_embeddings)
+
+        def build_faiss_dir(tmp: Path) -> dict[str, Any]:
+            emb = np.load(out_dir / "embeddings" / "embeddings.npy")
+            params = faiss_params(config, emb.shape[0], emb.shape[1])
+            faiss.write_index(build_faiss(emb, params), str(tmp / "index.faiss"))
+            return {"params": params.to_dict()}
+
+        manifests["faiss"], reused["faiss"] = _component(
+            out_dir / "faiss", _faiss_key(emb_key, config), build_faiss_dir)
+
+    # --- corpus manifest, last
+    fp = _key_fingerprint({c: m["fingerprint"] for c, m in manifests.items()})
+    index_bytes = sum(m["bytes"] for m in manifests.values())
+    top = {"format": FORMAT_VERSION, "name": name, "complete": True, "fingerprint": fp,
+           "corpus_fingerprint": corpus_fp, "corpus_path": str(corpus_path),
+           "passages": manifests["passages"]["passages"], "retrievers": list(wanted),
+           "encoder": config.encoder if "dense" in wanted else None,
+           "components": {c: {"fingerprint": m["fingerprint"], "reused": reused[c]}
+                          for c, m in manifests.items()}}
+    if "faiss" in manifests:
+        top["faiss"] = manifests["faiss"]["params"]
+    atomic_write_text(out_dir / MANIFEST, json.dumps(top, indent=2, sort_keys=True))
+    build_seconds = time.perf_counter() - start
+
+    result = IndexBuildResult(name=name, index_dir=out_dir, fingerprint=fp,
+                              passages=int(top["passages"]), components=reused,
+                              build_seconds=round(build_seconds, 3), index_bytes=index_bytes,
+                              scan=json.loads((out_dir / "scan.json").read_text()))
+    if eval_sets:
+        # Reuse the encoder loaded for embedding, if any: loading it again costs seconds.
+        encoder = encoder_cache[0] if encoder_cache else None
+        searcher = load_corpus_searcher(out_dir, config, encoder=encoder)
+        for eval_name, qa_path in eval_sets.items():
+            recall = measure_recall(searcher, qa_path, config.eval_top_k)
+            if recall:
+                result.recall[eval_name] = recall
+    sink.log_metrics(result.metrics())
+    sink.log_artifact(out_dir / "scan.json", f"index/{name}")
+    sink.log_artifact(out_dir / MANIFEST, f"index/{name}")
+    return result
+
+
+# --- evaluation
+
+
+def measure_recall(searcher: LocalSearcher, qa_path: Path, ks: Sequence[int],
+                   batch: int = 256) -> dict[str, dict[int, float]]:
+    """Mean share of each question's supporting passages found in the top k, per retriever.
+
+    Questions without `supporting_doc_ids` are skipped; {} when none has any.
+    """
+    examples = [ex for ex in read_qa(qa_path) if ex.supporting_doc_ids]
+    if not examples:
+        return {}
+    max_k = max(ks)
+    out: dict[str, dict[int, float]] = {}
+    for retriever in searcher.available():
+        sums = dict.fromkeys(ks, 0.0)
+        for start in range(0, len(examples), batch):
+            chunk = examples[start:start + batch]
+            rankings = searcher.rank([ex.question for ex in chunk], max_k, retriever)
+            for ex, ranking in zip(chunk, rankings, strict=True):
+                ids = [searcher.passages[row].id for row, _ in ranking]
+                gold = set(ex.supporting_doc_ids)
+                for k in ks:
+                    sums[k] += len(gold & set(ids[:k])) / len(gold)
+        out[retriever] = {k: round(sums[k] / len(examples), 4) for k in ks}
+    return out
+
+
+# --- multi-corpus stage helpers
+
+
+def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[str, Path]],
+                  stage_dir: Path, config: IndexConfig, sink: MetricsSink,
+                  progress: bool = True) -> tuple[str, list[IndexBuildResult]]:
+    """`build_index` for each corpus (name -> path) into `stage_dir/<name>`, then
+    `stage_dir/manifest.json` (written last) and `stage_dir/report.json`.
+
+    Returns (combined fingerprint, per-corpus results).
+    """
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / MANIFEST).unlink(missing_ok=True)
+    results = [build_index(path, stage_dir / name, config, dict(eval_sets.get(name, {})), sink,
+                           name=name, progress=progress)
+               for name, path in corpora.items()]
+    combined = _key_fingerprint({r.name: r.fingerprint for r in results})
+    report = {r.name: {"passages": r.passages, "fingerprint": r.fingerprint,
+                       "reused": r.components, "build_seconds": r.build_seconds,
+                       "index_bytes": r.index_bytes, "recall": r.recall,
+                       "scan": {k: v for k, v in r.scan.items() if k != "findings"},
+                       "scan_findings": r.scan.get("findings", [])[:20]}
+              for r in results}
+    atomic_write_text(stage_dir / "report.json", json.dumps(report, indent=2))
+    atomic_write_text(stage_dir / MANIFEST, json.dumps(
+        {"format": FORMAT_VERSION, "complete": True, "fingerprint": combined,
+         "retriever": config.retriever, "corpora": {r.name: r.fingerprint for r in results}},
+        indent=2, sort_keys=True))
+    return combined, results
+
+
+# --- loading
+
+
+def resolve_corpus(index_dir: Path, corpus: str) -> Path:
+    manifest = read_manifest(index_dir)
+    if manifest is not None and "corpus_fingerprint" in manifest:
+        return index_dir  # already a corpus directory
+    return index_dir / corpus
+
+
+def load_corpus_searcher(corpus_dir: Path, config: IndexConfig,
+                         encoder: Encoder | None = None) -> LocalSearcher:
+    """A LocalSearcher over one complete corpus directory; IndexStoreError if incomplete or built
+    with a different encoder than `config.encoder`."""
+    manifest = read_manifest(corpus_dir)
+    if manifest is None or not manifest.get("complete"):
+        raise IndexStoreError(f"{corpus_dir}: no complete index here (missing {MANIFEST}); run the "
+                          "build_index stage or `python -m searchrl.retrieval.index_store`")
+    built = set(manifest["retrievers"])
+    needed = {"bm25", "dense"} if config.retriever == "hybrid" else {config.retriever}
+    if not needed <= built:
+        raise IndexStoreError(f"{corpus_dir}: index.retriever={config.retriever} needs "
+                          f"{sorted(needed)} but only {sorted(built)} were built; rebuild with "
+                          f"this config")
+    passages = _read_passage_store(corpus_dir / "passages")
+    bm25 = BM25Index.load(corpus_dir / "bm25") if "bm25" in built else None
+    dense = None
+    if "dense" in built:
+        if manifest.get("encoder") != config.encoder:
+            raise IndexStoreError(f"{corpus_dir}: built with encoder {manifest.get('encoder')!r} "
+                              f"but index.encoder={config.encoder!r}; queries must be embedded "
+                              "by the same model: rebuild or fix the config")
+        index = prepare_for_search(faiss.read_index(str(corpus_dir / "faiss" / "index.faiss")),
+                                   config)
+        dense = DenseIndex(encoder or Encoder(config), index)
+    return LocalSearcher(passages, config, bm25=bm25, dense=dense)
+
+
+def load_searcher(index_dir: Path, config: IndexConfig, corpus: str = MAIN_CORPUS) -> Searcher:
+    """The Searcher rollouts use: in-process over `index_dir` (the stage directory or one
+    corpus directory), or an HTTP client of the retrieval service when
+    `config.mode == "service"` (then `index_dir` is not read)."""
+    if config.mode == "service":
+        from searchrl.retrieval.client import RetrievalClient
+
+        return RetrievalClient.from_config(config)
+    return load_corpus_searcher(resolve_corpus(Path(index_dir), corpus), config)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m searchrl.retrieval.index_store --corpus PATH --out DIR [--eval NAME=QA]`:
+    build one corpus index without Prefect or MLflow; prints the result as JSON."""
+    import argparse
+
+    from searchrl.config import load_config
+    from searchrl.tracking import NullSink
+
+    parser = argparse.ArgumentParser(description="Build (or reuse) a corpus index")
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--name", default=MAIN_CORPUS)
+    parser.add_argument("--eval", action="append", default=[], metavar="NAME=QA_PATH")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.overrides).index
+    evals = dict(item.split("=", 1) for item in args.eval)
+    result = build_index(args.corpus, args.out, config,
+                         {k: Path(v) for k, v in evals.items()}, NullSink(), name=args.name)
+    print(json.dumps({"fingerprint": result.fingerprint, "passages": result.passages,
+                      "reused": result.components, "build_seconds": result.build_seconds,
+                      "index_bytes": result.index_bytes, "recall": result.recall,
+                      "scan": {k: v for k, v in result.scan.items() if k != "findings"}},
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The corpus contract's poisoning checks, run at indexing time.
+
+Two kinds of finding per passage:
+
+- `tag`: the passage contains a rollout tag (`<answer>`, `</information>`, ...) or a chat
+  template marker (`<|im_start|>`). Retrieved text is pasted into the policy's context inside
+  `<information>`; a passage carrying `</information><answer>X</answer>` could end the block
+  and forge an answer. `neutralise` escapes these, and every hit a Searcher returns has
+  already been neutralised, so flagged passages stay searchable but inert.
+- `injection`: instruction-like text aimed at a model ("ignore previous instructions", "the
+  correct answer is"). Natural language cannot be escaped reliably, so these are only
+  flagged, in the stage report, for a human to look at.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchrl.types import Passage
+
+ROLLOUT_TAGS = ("think", "search", "information", "answer", "result", "tool_call", "tool_response")
+
+# `<answer>`, `</ answer >`, `<ANSWER id=1>`: anything a tokenizer or a regex parser of the
+# rollout could take for a tag. Chat-template markers like `<|im_end|>` likewise.
+_TAG_RE = re.compile(
+    r"<\s*/?\s*(?:" + "|".join(ROLLOUT_TAGS) + r")\b[^<>]*>|<\|[^<>|]{0,40}\|>",
+    re.IGNORECASE,
+)
+
+_INJECTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        ("ignore_instructions",
+         r"\b(?:ignore|disregard|forget|override)\b[^.\n]{0,40}\b(?:previous|prior|above|"
+         r"earlier|all|any|the)\b[^.\n]{0,20}\b(?:instructions?|prompts?|rules|context)\b"),
+        ("role_override", r"\byou are now\b|\bact as (?:an?|the)\b[^.\n]{0,30}\b(?:assistant|"
+                          r"model|ai)\b|\bnew instructions?\s*:"),
+        ("system_prompt", r"\bsystem\s*prompt\b|^\s*(?:system|assistant)\s*:"),
+        ("answer_steering",
+         r"\b(?:the|your)\s+(?:correct|final|real|true)\s+answer\s+(?:is|should be|must be)\b|"
+         r"\b(?:answer|respond|reply)\s+(?:only\s+)?with\b"),
+        ("search_steering", r"\b(?:do not|don't|never|stop)\s+(?:search|use the search)"),
+    )
+)
+
+
+def neutralise(text: str) -> str:
+    """Escape rollout tags and chat markers (`<answer>` -> `&lt;answer&gt;`); other text as is.
+
+    Idempotent: the escaped form contains no `<`, so a second pass changes nothing.
+    """
+    return _TAG_RE.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+
+
+@dataclass(frozen=True)
+class Finding:
+    doc_id: str
+    kind: str  # "tag" | "injection"
+    detail: str  # the matched tag, or the injection pattern name
+    excerpt: str
+
+
+@dataclass
+class ScanReport:
+    """Findings over a corpus; `counts` has passages flagged per kind (a passage counts once)."""
+
+    passages: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {"tag": 0, "injection": 0}
+        for kind in out:
+            out[kind] = len({f.doc_id for f in self.findings if f.kind == kind})
+        return out
+
+    def to_dict(self, max_findings: int = 200) -> dict[str, Any]:
+        """JSON-ready summary; at most `max_findings` findings are listed (all are counted)."""
+        return {
+            "passages": self.passages,
+            "flagged_tag": self.counts["tag"],
+            "flagged_injection": self.counts["injection"],
+            "findings_total": len(self.findings),
+            "findings": [vars(f) for f in self.findings[:max_findings]],
+        }
+
+
+def _excerpt(text: str, start: int, end: int, width: int = 60) -> str:
+    return text[max(0, start - width): end + width].replace("\n", " ")
+
+
+def scan_passage(passage: Passage) -> list[Finding]:
+    """All findings for one passage (title and contents both checked)."""
+    findings: list[Finding] = []
+    text = f"{passage.title or ''}\n{passage.contents}"
+    for m in _TAG_RE.finditer(text):
+        findings.append(Finding(passage.id, "tag", m.group(0),
+                                _excerpt(text, m.start(), m.end())))
+    for name, pattern in _INJECTION_PATTERNS:
+        hit = pattern.search(text)
+        if hit is not None:
+            findings.append(Finding(passage.id, "injection", name,
+                                    _excerpt(text, hit.start(), hit.end())))
+    return findings
+
+
+def scan_corpus(passages: Iterable[Passage]) -> ScanReport:
+    report = ScanReport()
+    for passage in passages:
+        report.passages += 1
+        report.findings.extend(scan_passage(passage))
+    return report
