@@ -1,26 +1,77 @@
-"""Stage 1 library entry: materialise the sources, check each QA row, quarantine what fails.
+"""Stage 1 library entry: materialise the sources, check every QA row, quarantine what fails,
+write the data steward's audit report.
 
-Clean rows go on as `<split>.jsonl`, failing rows go to `quarantine.jsonl` with the reason per
-row; clean + quarantined = input is checked before anything is marked complete.
+Order of work (each step's output feeds the next; nothing downstream sees an unchecked row):
+
+1. materialise the sources (`<out_dir>/source/`), load the steward overrides;
+2. corpora: the `corpus` GX suite + row schema; a broken passage stops the stage;
+3. QA splits: steward corrections applied, then the `gold_qa` (train) or `eval_set` (dev, test,
+   extra eval) suite + row schema: failures are per-row `contract`/`duplicate_id`/`schema` flags;
+4. checks beyond the schema on the rows that passed (`searchrl.contracts.checks`);
+5. decide: a flag whose check is in `validate.quarantine_checks` quarantines its row unless a
+   steward accepted it; every other flag is shown for review;
+6. write `quarantine.jsonl`, `audit.json`, `audit_report.{md,html}`; check clean + quarantined
+   = input; fail with `QuarantineThresholdError` when the quarantined share passes
+   `validate.max_quarantine_fraction` (the report is written first, so the steward can act);
+7. write the clean splits as `<split>.jsonl` with manifests (only on success).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, read_raw_qa_rows, write_jsonl
+from searchrl.config import PipelineConfig, ValidateConfig
+from searchrl.contracts.checks import (
+    CheckedRow,
+    Flag,
+    answer_variant_flags,
+    answerability_flags,
+    near_duplicate_leakage_flags,
+    question_group_flags,
+    time_sensitive_flags,
+)
+from searchrl.contracts.overrides import AppliedOverride, Override, load_overrides
+from searchrl.contracts.report import (
+    Audit,
+    RowOutcome,
+    check_row_counts,
+    render_html,
+    render_markdown,
+)
+from searchrl.contracts.suites import ContractError, SuiteResult, SuiteRunner
+from searchrl.data.io import (
+    atomic_write_text,
+    manifest_path,
+    read_passages,
+    read_raw_qa_rows,
+    write_jsonl,
+)
 from searchrl.data.sources import materialise_sources
-from searchrl.types import QAExample
+from searchrl.types import Passage, QAExample
+
+# A row failing these cannot be used as it stands; a steward corrects the source instead.
+UNWAIVABLE = frozenset({"contract", "schema", "duplicate_id"})
 
 
 class QuarantineThresholdError(RuntimeError):
-    """Too large a share of rows failed validation for the run to go on."""
+    """Too large a share of rows failed validation for the run to go on.
+
+    `report_paths` are the audit report files (already written) for the steward."""
+
+    def __init__(self, message: str, report_paths: tuple[Path, ...] = ()) -> None:
+        super().__init__(message)
+        self.report_paths = report_paths
+
+
+class ValidationInvariantError(AssertionError):
+    """clean + quarantined != input: a row was lost or counted twice (a bug, never data)."""
 
 
 @dataclass
@@ -31,48 +82,281 @@ class ValidationResult:
     quarantine_path: Path
     counts: dict[str, int] = field(default_factory=dict)
     quarantined: list[dict[str, Any]] = field(default_factory=list)
+    report_html: Path | None = None
+    report_md: Path | None = None
+    audit_path: Path | None = None
+    check_counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics for the stage's MLflow run."""
+        c = self.counts
+        out: dict[str, float] = {
+            "rows_in": c["rows_in"], "rows_clean": c["clean"],
+            "rows_quarantined": c["quarantined"], "rows_review": c["review"],
+            "quarantine_fraction": c["quarantined"] / max(c["rows_in"], 1),
+            "overrides_accepted": c["accepted"], "overrides_corrected": c["corrected"],
+            "overrides_unused": c["unused_overrides"], "validation_seconds": self.seconds,
+        }
+        out |= {f"check_{k}": v for k, v in sorted(self.check_counts.items())}
+        return out
 
 
-def _schema_reason(err: ValidationError) -> str:
-    first = err.errors()[0]
-    return f"schema: field {'.'.join(str(p) for p in first['loc'])!r}: {first['msg']}"
+def _is_corpus(name: str) -> bool:
+    return name == "corpus" or name.startswith("extra_corpus:")
+
+
+def _safe(name: str) -> str:
+    return name.replace(":", "_")
+
+
+def _check_corpus(runner: SuiteRunner, name: str, path: Path,
+                  passages: list[Passage]) -> SuiteResult:
+    rows = [p.model_dump() for p in passages]
+    result = runner.run("corpus", name, rows)
+    schema = runner.row_schema("corpus")
+    problems = [f"{path}: row {i + 1}: {reason}"
+                for i, fails in sorted(result.row_failures.items()) for _, reason in fails]
+    for i, raw in enumerate(rows):
+        if i in result.row_failures:
+            continue
+        try:
+            schema.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            problems.append(f"{path}: row {i + 1}: {'.'.join(map(str, first['loc']))}: "
+                            f"{first['msg']}")
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise ContractError(f"corpus {name!r} breaks its data contract (data_contracts/"
+                            f"corpus.py); fix the passages at the source:\n  {shown}{more}")
+    return result
+
+
+def _apply_corrections(split: str, rows: list[tuple[int, dict[str, Any]]],
+                       overrides: list[Override], used: set[int]
+                       ) -> dict[int, list[AppliedOverride]]:
+    """Replace gold answers where a steward corrected them (in place); row -> applied."""
+    applied: dict[int, list[AppliedOverride]] = defaultdict(list)
+    for k, o in enumerate(overrides):
+        if o.action != "correct" or o.golden_answers is None:
+            continue
+        for i, (rowno, raw) in enumerate(rows):
+            if o.matches(split, None if raw.get("id") is None else str(raw.get("id"))):
+                previous = raw.get("golden_answers")
+                prev = tuple(str(a) for a in previous) if isinstance(previous, list | tuple) \
+                    else None
+                rows[i] = (rowno, {**raw, "golden_answers": list(o.golden_answers)})
+                applied[rowno].append(AppliedOverride(
+                    o, split, rowno, prev, f"gold answers {list(prev or ())} -> "
+                                           f"{list(o.golden_answers)}"))
+                used.add(k)
+    return applied
+
+
+def _contract_flags(split: str, rows: list[tuple[int, dict[str, Any]]], result: SuiteResult,
+                    schema: Any) -> tuple[dict[int, list[Flag]], dict[int, QAExample]]:
+    """Per row: contract/duplicate_id/schema flags; the parsed example for rows with none."""
+    ids: dict[str, list[int]] = defaultdict(list)
+    for rowno, raw in rows:
+        if isinstance(raw.get("id"), str):
+            ids[raw["id"]].append(rowno)
+    flags: dict[int, list[Flag]] = defaultdict(list)
+    parsed: dict[int, QAExample] = {}
+    for i, (rowno, raw) in enumerate(rows):
+        row_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+        for check, reason in result.row_failures.get(i, []):
+            if check == "duplicate_id":
+                others = [r for r in ids.get(row_id or "", []) if r != rowno]
+                flags[rowno].append(Flag(split, rowno, row_id, check, reason,
+                                         f"same id at rows {others}", {"other_rows": others}))
+            else:
+                flags[rowno].append(Flag(split, rowno, row_id, check, reason))
+        try:
+            schema.model_validate(raw)
+            example = QAExample.model_validate(raw)
+        except ValidationError as exc:
+            if not flags[rowno]:  # the suite passed this row: the two contracts disagree
+                first = exc.errors()[0]
+                flags[rowno].append(Flag(
+                    split, rowno, row_id, "schema",
+                    f"{'.'.join(map(str, first['loc']))}: {first['msg']}"))
+            continue
+        if not flags[rowno]:
+            parsed[rowno] = example
+    return flags, parsed
+
+
+def _decide(outcome: RowOutcome, cfg: ValidateConfig, overrides: list[Override],
+            used: set[int]) -> None:
+    blocking = [f for f in outcome.flags if f.check in cfg.quarantine_checks]
+    for k, o in enumerate(overrides):
+        if o.action != "accept" or not o.matches(outcome.split, outcome.id):
+            continue
+        used.add(k)
+        unwaivable = sorted({f.check for f in blocking if f.check in UNWAIVABLE})
+        if unwaivable:
+            effect = f"accept ignored: {unwaivable} cannot be accepted, correct the source row"
+        elif blocking:
+            effect = f"accepted despite {sorted({f.check for f in blocking})}"
+            blocking = []
+        else:
+            effect = "accept had no effect: the row is not quarantined"
+        outcome.overrides.append(AppliedOverride(o, outcome.split, outcome.row, None, effect))
+    outcome.quarantined = bool(blocking)
+
+
+def _quarantine_record(o: RowOutcome, cfg: ValidateConfig) -> dict[str, Any]:
+    blocking = [f for f in o.flags if f.check in cfg.quarantine_checks]
+    return {
+        "split": o.split, "file": o.file, "row": o.row, "id": o.id,
+        "reason": "; ".join(f"{f.check}: {f.reason}" for f in blocking),
+        "reasons": [{"check": f.check, "reason": f.reason, "detail": f.detail,
+                     "evidence": f.evidence, "quarantines": f.check in cfg.quarantine_checks}
+                    for f in o.flags],
+        "overrides": [{"action": a.override.action, "steward": a.override.steward,
+                       "reason": a.override.reason, "effect": a.effect} for a in o.overrides],
+        "record": o.record,
+    }
+
+
+def _check_invariant(outcomes: list[RowOutcome], rows_in: dict[str, int],
+                     clean: dict[str, list[QAExample]]) -> None:
+    seen: set[tuple[str, int]] = set()
+    for o in outcomes:
+        if (o.split, o.row) in seen:
+            raise ValidationInvariantError(f"{o.split} row {o.row} decided twice")
+        seen.add((o.split, o.row))
+    for split, n in rows_in.items():
+        n_clean = len(clean.get(split, []))
+        n_quar = sum(1 for o in outcomes if o.split == split and o.quarantined)
+        n_out = sum(1 for o in outcomes if o.split == split)
+        if n_clean + n_quar != n or n_out != n:
+            raise ValidationInvariantError(
+                f"{split}: clean {n_clean} + quarantined {n_quar} != input {n} rows")
 
 
 def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationResult:
+    """Validate every QA split and corpus; write clean splits, quarantine and audit report.
+
+    Returns the clean split paths (`<out_dir>/<split>.jsonl`, ':' in names as '_'), the corpus
+    path and the report paths. Raises ContractError (a corpus breaks its contract, or a suite
+    module is broken), OverridesError (bad overrides file) or QuarantineThresholdError (after
+    writing quarantine and report; no clean split is then marked complete).
+    """
+    cfg = config.validate_
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.jsonl.manifest.json"):  # an earlier run's outputs: not ours
+        old.unlink()
+    overrides = load_overrides(cfg.overrides_path)
     source_paths = materialise_sources(config.data, out_dir / "source")
-    clean_paths: dict[str, Path] = {}
-    quarantined: list[dict[str, Any]] = []
-    counts: dict[str, int] = {"rows_in": 0, "clean": 0, "quarantined": 0}
+    runner = SuiteRunner(cfg.contracts_dir, cfg)
+
+    # --- corpora
+    corpora: dict[str, list[Passage]] = {}
+    suites: list[SuiteResult] = []
     for name, path in source_paths.items():
-        if name == "corpus" or name.startswith("extra_corpus:"):
+        if _is_corpus(name):
+            corpora[name] = read_passages(path)
+            suites.append(_check_corpus(runner, name, path, corpora[name]))
+
+    # --- QA splits: corrections, contract, schema
+    used: set[int] = set()
+    outcomes: list[RowOutcome] = []
+    checked: list[CheckedRow] = []
+    rows_in: dict[str, int] = {}
+    for name, path in source_paths.items():
+        if _is_corpus(name):
             continue
-        clean: list[QAExample] = []
         rows = read_raw_qa_rows(path)
+        rows_in[name] = len(rows)
+        corrected = _apply_corrections(name, rows, overrides, used)
+        suite = "gold_qa" if name == "train" else "eval_set"
+        result = runner.run(suite, name, [raw for _, raw in rows])
+        suites.append(result)
+        flags, parsed = _contract_flags(name, rows, result, runner.row_schema(suite))
         for rowno, raw in rows:
-            try:
-                clean.append(QAExample.model_validate(raw))
-            except ValidationError as exc:
-                quarantined.append({"split": name, "file": str(path), "row": rowno,
-                                    "reason": _schema_reason(exc), "record": raw})
-        n_bad = len(rows) - len(clean)
-        if len(clean) + n_bad != len(rows):
-            raise AssertionError(f"{path}: clean + quarantined != input")
-        counts["rows_in"] += len(rows)
-        counts["clean"] += len(clean)
-        counts["quarantined"] += n_bad
-        safe = name.replace(":", "_")
-        clean_paths[name] = out_dir / f"{safe}.jsonl"
-        write_jsonl(clean_paths[name], clean)
+            outcomes.append(RowOutcome(name, str(path), rowno, raw, list(flags.get(rowno, [])),
+                                       overrides=list(corrected.get(rowno, []))))
+            if rowno in parsed:
+                checked.append(CheckedRow(name, rowno, parsed[rowno]))
+
+    # --- checks beyond the schema
+    extra = (answer_variant_flags(checked) + question_group_flags(checked)
+             + near_duplicate_leakage_flags(checked, cfg.near_duplicate_threshold)
+             + time_sensitive_flags(checked, cfg.time_sensitive_terms)
+             + answerability_flags(checked, corpora, cfg.non_extractive_answers))
+    by_row = {(o.split, o.row): o for o in outcomes}
+    for f in extra:
+        by_row[(f.split, f.row)].flags.append(f)
+
+    # --- decide
+    for o in outcomes:
+        _decide(o, cfg, overrides, used)
+    clean: dict[str, list[QAExample]] = defaultdict(list)
+    for c in checked:
+        if not by_row[(c.split, c.row)].quarantined:
+            clean[c.split].append(c.example)
+    _check_invariant(outcomes, rows_in, clean)
+
+    # --- counts, quarantine, report
+    counts = {
+        "rows_in": sum(rows_in.values()),
+        "clean": sum(len(v) for v in clean.values()),
+        "quarantined": sum(o.quarantined for o in outcomes),
+        "review": sum(1 for o in outcomes if not o.quarantined and o.flags),
+        "accepted": sum(1 for o in outcomes if o.status == "accepted by steward"),
+        "corrected": sum(1 for o in outcomes
+                         if any(a.override.action == "correct" for a in o.overrides)),
+        "unused_overrides": len(overrides) - len(used),
+    }
+    split_counts = {
+        s: {"rows_in": n, "clean": len(clean.get(s, [])),
+            "quarantined": sum(1 for o in outcomes if o.split == s and o.quarantined),
+            "review": sum(1 for o in outcomes if o.split == s and not o.quarantined and o.flags)}
+        for s, n in rows_in.items()}
+    check_counts = check_row_counts(outcomes)
+    quarantined = [_quarantine_record(o, cfg) for o in outcomes if o.quarantined]
     quarantine_path = out_dir / "quarantine.jsonl"
-    atomic_write_text(quarantine_path, "".join(json.dumps(q, default=str) + "\n"
-                                               for q in quarantined))
-    share = counts["quarantined"] / max(counts["rows_in"], 1)
-    if share > config.validate_.max_quarantine_fraction:
+    atomic_write_text(quarantine_path, "".join(json.dumps(q, default=str, ensure_ascii=False)
+                                               + "\n" for q in quarantined))
+    audit = Audit(
+        title=f"Gold-label audit: {config.run.name}", counts=counts, split_counts=split_counts,
+        check_rows=check_counts, quarantine_checks=tuple(cfg.quarantine_checks),
+        max_quarantine_fraction=cfg.max_quarantine_fraction, suites=suites, outcomes=outcomes,
+        unused_overrides=[o for k, o in enumerate(overrides) if k not in used],
+        notes=[f"Overrides file: {cfg.overrides_path}" if cfg.overrides_path else
+               "No overrides file configured."])
+    report_md, report_html = out_dir / "audit_report.md", out_dir / "audit_report.html"
+    audit_path = out_dir / "audit.json"
+    atomic_write_text(report_md, render_markdown(audit))
+    atomic_write_text(report_html, render_html(audit))
+    atomic_write_text(audit_path, json.dumps({
+        "counts": counts, "split_counts": split_counts, "check_counts": check_counts,
+        "flags": [asdict(f) for o in outcomes for f in o.flags],
+        "suites": [{"suite": s.suite, "dataset": s.dataset, "rows": s.rows,
+                    "outcomes": [asdict(x) for x in s.outcomes]} for s in suites],
+    }, indent=1, default=str, ensure_ascii=False))
+    share = audit.quarantine_fraction
+    if share > cfg.max_quarantine_fraction:
         raise QuarantineThresholdError(
             f"{counts['quarantined']}/{counts['rows_in']} rows ({share:.1%}) quarantined, above "
-            f"validate.max_quarantine_fraction={config.validate_.max_quarantine_fraction}; "
-            f"see {quarantine_path}"
-        )
-    return ValidationResult(out_dir=out_dir, split_paths=clean_paths,
-                            corpus_path=source_paths["corpus"], quarantine_path=quarantine_path,
-                            counts=counts, quarantined=quarantined)
+            f"validate.max_quarantine_fraction={cfg.max_quarantine_fraction}; see {report_html} "
+            f"and {quarantine_path}; fix the data or record steward decisions in "
+            f"{cfg.overrides_path}",
+            (report_md, report_html, quarantine_path))
+
+    # --- clean splits (manifests last: only now are they complete)
+    split_paths: dict[str, Path] = {}
+    for name in rows_in:
+        split_paths[name] = out_dir / f"{_safe(name)}.jsonl"
+        write_jsonl(split_paths[name], clean.get(name, []))
+        if not manifest_path(split_paths[name]).is_file():
+            raise ValidationInvariantError(f"{split_paths[name]}: manifest missing after write")
+    return ValidationResult(
+        out_dir=out_dir, split_paths=split_paths, corpus_path=source_paths["corpus"],
+        quarantine_path=quarantine_path, counts=counts, quarantined=quarantined,
+        report_html=report_html, report_md=report_md, audit_path=audit_path,
+        check_counts=check_counts, seconds=time.perf_counter() - started)

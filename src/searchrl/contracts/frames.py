@@ -1,0 +1,71 @@
+"""Flatten raw rows into the frames the GX suites check.
+
+Nested or mixed-type fields (the answer list, an integer that may arrive as a string or a bool)
+become plain derived columns, so every rule is a column-map expectation with a per-row verdict.
+A derived "*_ok" column holds "ok" or the problem in words; the value columns hold the value
+only when it has the right type (else None), so range checks never compare mixed types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+OK = "ok"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _answers_ok(answers: Any) -> str | None:
+    if answers is None:
+        return None  # the not-null rule on n_answers reports it
+    if not isinstance(answers, list | tuple):
+        return "not a list"
+    if not all(isinstance(a, str) for a in answers):
+        return "contains a non-string"
+    return OK
+
+
+def _str_list_ok(values: Any) -> str:
+    if values is None:
+        return OK
+    if isinstance(values, list | tuple) and all(isinstance(v, str) for v in values):
+        return OK
+    return "not a list of strings"
+
+
+def qa_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Columns: id, question, n_answers, answers_ok, shortest_answer_chars,
+    longest_answer_chars, hops, hops_ok, type, supporting_ok."""
+    records = []
+    for raw in rows:
+        answers = raw.get("golden_answers")
+        answers_ok = _answers_ok(answers)
+        good = answers_ok == OK and isinstance(answers, list | tuple) and len(answers) > 0
+        strs = [a for a in answers if isinstance(a, str)] if good and answers else []
+        hops = raw.get("hops")
+        records.append({
+            "id": raw.get("id"),
+            "question": raw.get("question"),
+            "n_answers": len(answers) if isinstance(answers, list | tuple) else None,
+            "answers_ok": answers_ok,
+            "shortest_answer_chars": min(len(a.strip()) for a in strs) if strs else None,
+            "longest_answer_chars": max(len(a) for a in strs) if strs else None,
+            "hops": hops if _is_int(hops) else None,
+            "hops_ok": None if hops is None else (OK if _is_int(hops) else "not an integer"),
+            "type": raw.get("type"),
+            "supporting_ok": _str_list_ok(raw.get("supporting_doc_ids")),
+        })
+    columns = ["id", "question", "n_answers", "answers_ok", "shortest_answer_chars",
+               "longest_answer_chars", "hops", "hops_ok", "type", "supporting_ok"]
+    return pd.DataFrame.from_records(records, columns=columns).astype(object)
+
+
+def corpus_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Columns: id, title, contents."""
+    records = [{"id": r.get("id"), "title": r.get("title"), "contents": r.get("contents")}
+               for r in rows]
+    return pd.DataFrame.from_records(records, columns=["id", "title", "contents"]).astype(object)
