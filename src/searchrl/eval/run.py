@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, write_jsonl
+from searchrl.data.io import atomic_write_text, read_qa, write_jsonl
 from searchrl.eval.audit import final_turn_confidence, find_suspects, retrieved_ids
-from searchrl.eval.baselines import TRAINED, SystemSpec, load_system_policy
+from searchrl.eval.baselines import TRAINED, SystemSpec, load_system_policy, plan_systems
 from searchrl.eval.metrics import (
     Interval,
     QuestionResult,
@@ -39,9 +39,11 @@ from searchrl.eval.metrics import (
 )
 from searchrl.generation.hf import HFGenerator
 from searchrl.retrieval.base import Searcher
+from searchrl.retrieval.index_store import load_searcher
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rewards import exact_match, f1
 from searchrl.rl.rollout import run_rollouts
+from searchrl.tracking import download_registered_policy
 from searchrl.types import QAExample
 
 RESULTS_FILE = "results.json"
@@ -265,3 +267,31 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
                         notes=tuple(notes), level=cfg.confidence_level)
     atomic_write_text(out_dir / RESULTS_FILE, json.dumps(result.to_dict(), indent=2))
     return result
+
+
+# --- the stage entry
+
+
+def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: str | Path,
+                   policy_dir: str, sft_dir: str | None, out_dir: Path,
+                   tracking_uri: str | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> EvalResult:
+    """Evaluate the trained policy and the configured baselines on `eval_path`.
+
+    The champion baseline is looked up in the model registry of `tracking_uri` (skipped with
+    a note when there is none, or no tracking store).
+    """
+    examples = read_qa(eval_path)
+    if config.eval.max_questions is not None:
+        examples = examples[: config.eval.max_questions]
+    champion_dir: str | None = None
+    if "champion" in config.eval.baselines and tracking_uri is not None:
+        got = download_registered_policy(tracking_uri, config.eval.registry_model_name,
+                                         config.eval.champion_alias, out_dir / "champion")
+        champion_dir = str(got) if got is not None else None
+    systems, notes = plan_systems(config.eval.baselines, policy_dir=policy_dir,
+                                  sft_dir=sft_dir, champion_dir=champion_dir, config=config)
+    searcher = load_searcher(Path(index_dir), config.index)
+    return evaluate(examples, systems, searcher, config, out_dir,
+                    eval_set=f"{config.eval.split}:{Path(eval_path).name}", notes=notes,
+                    progress=progress)

@@ -1,0 +1,142 @@
+"""Assembling the gate from evaluation results: baseline choice, measured vs configured inputs,
+fail-closed on unmeasured training time, report files, and the stage task without tracking."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from searchrl.config import PipelineConfig
+from searchrl.data.io import write_jsonl
+from searchrl.eval.baselines import TRAINED, SystemSpec
+from searchrl.eval.metrics import (
+    QuestionResult,
+    breakdown,
+    by_hops,
+    by_searched,
+    by_type,
+    paired_bootstrap_delta,
+    summarize,
+)
+from searchrl.eval.run import RESULTS_FILE, EvalResult, SystemResult
+from searchrl.gate.report import (
+    build_gate,
+    choose_baseline,
+    count_rows,
+    load_training_curve,
+)
+from searchrl.types import CheckpointRef, DatasetRef, EvalRef
+
+
+def _qs(acc: float, n: int = 60, tokens: int = 100) -> list[QuestionResult]:
+    return [QuestionResult(example_id=f"q{i}", hops=1 + i % 3, qtype="t", em=float(i < acc * n),
+                           f1=float(i < acc * n), searches=1, format_ok=True,
+                           prompt_tokens=tokens - 20, response_tokens=20, latency_s=0.01,
+                           answered=True, finish_reason="answer") for i in range(n)]
+
+
+def _eval(tmp: Path, accs: dict[str, float]) -> EvalResult:
+    per = {name: _qs(a) for name, a in accs.items()}
+    systems = {name: SystemResult(
+        spec=SystemSpec(name, "p", "agentic", name), summary=summarize(rs, samples=200),
+        by_hops=breakdown(rs, by_hops, samples=50), by_type=breakdown(rs, by_type, samples=50),
+        by_searched=breakdown(rs, by_searched, samples=50), questions_path="",
+        trajectories_path="", seconds=1.0) for name, rs in per.items()}
+    deltas = {n: paired_bootstrap_delta([r.em for r in per[TRAINED]], [r.em for r in rs],
+                                        samples=500)
+              for n, rs in per.items() if n != TRAINED and TRAINED in per}
+    spath = tmp / "suspects.jsonl"
+    write_jsonl(spath, [{"example_id": "q1", "question": "?", "golden_answers": ["a"],
+                         "answer": "b", "confidence": 0.9}])
+    return EvalResult(eval_set="test", n_questions=60, systems=systems, deltas=deltas,
+                      suspects_path=str(spath), n_suspects=1, notes=("champion skipped",))
+
+
+def _config(**gate: object) -> PipelineConfig:
+    base = {"gpu_price_per_hour": 2.0, "production_queries_per_month": 100_000,
+            "min_gold_pairs": 100, "max_payback_months": 6.0, "min_accuracy_margin": 0.05}
+    return PipelineConfig.model_validate({"gate": base | gate})
+
+
+def test_best_baseline_is_the_strongest(tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {"no_search": 0.1, "retrieve_once": 0.4, "sft": 0.3, TRAINED: 0.6})
+    assert choose_baseline(ev, "best")[0] == "retrieve_once"
+    assert choose_baseline(ev, "sft") == ("sft", [])
+    name, notes = choose_baseline(ev, "champion")
+    assert name == "champion" and "not evaluated" in notes[0]
+
+
+def test_go_with_measured_inputs_and_no_go_when_baseline_close(tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
+    result, report = build_gate(_config(), ev, gold_pairs=500, training_seconds=3600.0,
+                                training_curve={})
+    assert result.go, result.reasons
+    assert report.costs.training_gpu_hours == 1.0
+    assert report.costs.small_tokens_per_query == 100.0  # measured: prompt + response
+    assert report.comparison_baseline == "sft"
+    close = _eval(tmp_path, {"sft": 0.58, TRAINED: 0.6})
+    result, _ = build_gate(_config(), close, gold_pairs=500, training_seconds=3600.0,
+                           training_curve={})
+    assert not result.go and [c.name for c in result.failed] == ["accuracy"]
+
+
+def test_unrecorded_training_time_fails_closed_unless_configured(tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
+    result, report = build_gate(_config(), ev, gold_pairs=500, training_seconds=0.0,
+                                training_curve={})
+    assert not result.go and [c.name for c in result.failed] == ["payback"]
+    assert "training_gpu_hours" in result.reasons[0]
+    assert any("not recorded" in n for n in report.notes)
+    result, report = build_gate(_config(training_gpu_hours=5.0), ev, gold_pairs=500,
+                                training_seconds=0.0, training_curve={})
+    assert result.go and report.costs.training_gpu_hours == 5.0
+
+
+def test_missing_trained_system_fails_closed(tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {"sft": 0.3})
+    result, _ = build_gate(_config(), ev, gold_pairs=500, training_seconds=3600.0,
+                           training_curve={})
+    assert not result.go
+    assert {c.name for c in result.failed} == {"accuracy", "payback"}
+
+
+def test_training_curve_and_row_count(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "rollout/reward_mean": 0.1, "loss": 3}\n'
+                       "not json\n"
+                       '{"step": 2, "rollout/reward_mean": 0.3, "em": NaN}\n')
+    curve = load_training_curve(metrics, ("reward_mean", "em"))
+    assert curve == {"rollout/reward_mean": [(1, 0.1), (2, 0.3)]}
+    assert load_training_curve(tmp_path / "missing.jsonl", ("em",)) == {}
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, [{"a": 1}, {"a": 2}, {"a": 3}])
+    assert count_rows(data) == 3
+    assert count_rows(tmp_path / "nope.jsonl") is None
+
+
+def test_stage_task_writes_report_without_tracking(tmp_path: Path) -> None:
+    from tasks.gate import decide_go_no_go
+
+    ev = _eval(tmp_path, {"retrieve_once": 0.2, TRAINED: 0.6})
+    results = tmp_path / RESULTS_FILE
+    results.write_text(json.dumps(ev.to_dict()))
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, [{"q": i} for i in range(150)])
+    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path / "work")},
+                                            "gate": {"min_gold_pairs": 200}})
+    dataset = DatasetRef(paths={"train": str(train)}, fingerprints={}, corpus_path="",
+                         corpus_fingerprint="", fingerprint="x")
+    ckpt = CheckpointRef(policy_dir=str(tmp_path), fingerprint="p", training_seconds=36.0)
+    decision = decide_go_no_go.fn(config, dataset, ckpt,
+                                  EvalRef(results_path=str(results), fingerprint="e"),
+                                  None, None)
+    assert not decision.go and decision.label == "NO-GO"
+    assert any(r.startswith("data: 150 gold pairs < required 200") for r in decision.reasons)
+    assert decision.report_html and Path(decision.report_html).is_file()
+    md = Path(decision.report_md or "").read_text()
+    assert "Decision: **NO-GO**" in md and "FAIL data" in md
+    assert decision.figures["gold_pairs"] == 150.0
+    assert math.isclose(decision.figures["em_trained"], 0.6)
+    saved = json.loads((tmp_path / "work" / "decide_go_no_go" / "decision.json").read_text())
+    assert saved["label"] == "NO-GO" and saved["comparison_baseline"] == "retrieve_once"
