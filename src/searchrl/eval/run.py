@@ -295,3 +295,34 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
     return evaluate(examples, systems, searcher, config, out_dir,
                     eval_set=f"{config.eval.split}:{Path(eval_path).name}", notes=notes,
                     progress=progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m searchrl.eval.run --config C --eval QA --index DIR --policy P [--sft S]
+    --out O [key=value ...]`: the evaluate stage without Prefect or MLflow."""
+    import argparse
+
+    from searchrl.config import load_config
+
+    parser = argparse.ArgumentParser(prog="searchrl.eval.run")
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--eval", required=True, help="eval QA file (a validated split)")
+    parser.add_argument("--index", required=True, help="index dir (build_index output)")
+    parser.add_argument("--policy", required=True, help="trained policy dir")
+    parser.add_argument("--sft", default=None, help="SFT starting policy dir")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.overrides)
+    result = evaluate_stage(config, eval_path=args.eval, index_dir=args.index,
+                            policy_dir=args.policy, sft_dir=args.sft, out_dir=args.out,
+                            progress=lambda name, done, total: print(
+                                f"{name}: {done}/{total}", flush=True))
+    print(json.dumps({n: {"em": s.summary.em.to_dict(), "searches": s.summary.searches_per_question,
+                          "seconds": round(s.seconds, 1)} for n, s in result.systems.items()},
+                     indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
