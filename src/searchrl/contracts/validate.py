@@ -345,7 +345,7 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
             f"{counts['quarantined']}/{counts['rows_in']} rows ({share:.1%}) quarantined, above "
             f"validate.max_quarantine_fraction={cfg.max_quarantine_fraction}; see {report_html} "
             f"and {quarantine_path}; fix the data or record steward decisions in "
-            f"{cfg.overrides_path}",
+            + (str(cfg.overrides_path) if cfg.overrides_path else "validate.overrides_path"),
             (report_md, report_html, quarantine_path))
 
     # --- clean splits (manifests last: only now are they complete)
