@@ -344,7 +344,7 @@ class GateConfig(_Section):
     registry_alias: str = "champion"
     payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
     # Trainer metrics plotted as the training curve (a key matches `m`, `*/m` or `*.m`).
-    training_curve_metrics: tuple[str, ...] = ("reward_mean", "em", "correct_rate")
+    training_curve_metrics: tuple[str, ...] = ("reward_mean", "correct_rate", "dev_em")
 
 
 class PipelineConfig(_Section):
