@@ -1,0 +1,237 @@
+"""Training checkpoints: written whole or not at all, verified before use, no pickle.
+
+Layout of `<root>/step_000020/`:
+    model.safetensors       policy weights (the engine's module state dict)
+    optimizer.pt            optimizer state dict   } torch.save of tensors + plain containers,
+    trainer_state.pt        scheduler, RNG states, } loaded with torch.load(weights_only=True),
+                            data order, counters   } which refuses pickled objects
+    manifest.json           step, format version, sha256 of every file (written last)
+
+A checkpoint is assembled in a hidden temp dir next to the final one and renamed into place
+only after every file and the manifest are written and fsynced, so a crash leaves either the
+previous checkpoint set or a `.tmp` dir that `latest_checkpoint` ignores and the next save
+removes. `latest_checkpoint` returns the newest dir whose manifest and checksums verify.
+
+ZeRO stages 1-3 partition optimizer state across ranks; for those the optimizer/model state
+is saved with DeepSpeed's own `save_checkpoint` inside the same temp dir (its files are
+checksummed like ours; DeepSpeed's loader unpickles them, so only resume from checkpoints
+this pipeline wrote: the checksums are the guard).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT_VERSION = 1
+_PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt; the message names the file."""
+
+
+# --- RNG state (as plain containers: torch.load(weights_only=True) accepts these)
+
+
+def capture_rng() -> dict[str, Any]:
+    np_state: tuple[Any, ...] = tuple(np.random.get_state(legacy=True))
+    state: dict[str, Any] = {
+        "python": _to_plain(random.getstate()),
+        "numpy": [np_state[0], torch.from_numpy(np.asarray(np_state[1]).copy()),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(_to_tuple(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _to_tuple(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_to_tuple(v) for v in value)
+    return value
+
+
+# --- files and checksums
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"{_PREFIX}{step:06d}"
+
+
+def _uses_native_zero(engine: Any) -> bool:
+    return int(engine.zero_optimization_stage()) > 0
+
+
+def save_checkpoint(root: Path, step: int, engine: Any, trainer_state: dict[str, Any],
+                    keep: int = 2) -> Path:
+    """Write checkpoint `step` under `root` atomically; prune to the newest `keep`.
+
+    `trainer_state` holds plain containers/tensors only (counters, data order, anything the
+    loop needs to continue); the scheduler and RNG states are added here.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = root / f".{final.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    state = dict(trainer_state)
+    state["rng"] = capture_rng()
+    state["step"] = step
+    if engine.lr_scheduler is not None:
+        state["scheduler"] = engine.lr_scheduler.state_dict()
+    if _uses_native_zero(engine):
+        engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+    else:
+        module = engine.module
+        weights = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+        # Tied embeddings appear twice in the state dict; safetensors stores shared storage once.
+        save_file(_dedupe_shared(weights), str(tmp / "model.safetensors"))
+        torch.save(engine.optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(state, tmp / "trainer_state.pt")
+    _fsync_tree(tmp)
+    files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files,
+                "zero_stage": int(engine.zero_optimization_stage())}
+    mpath = tmp / "manifest.json"
+    mpath.write_text(json.dumps(manifest, indent=2))
+    with mpath.open("rb") as fh:
+        os.fsync(fh.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _prune(root, keep)
+    return final
+
+
+def _dedupe_shared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    seen: dict[int, str] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen and tensor.numel() > 0:
+            out[name] = tensor.clone()
+        else:
+            seen[ptr] = name
+            out[name] = tensor
+    return out
+
+
+def _prune(root: Path, keep: int) -> None:
+    for stale in root.glob(f".{_PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    done = sorted(p for p in root.glob(f"{_PREFIX}*") if p.is_dir())
+    for old in done[: max(0, len(done) - max(keep, 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """The manifest, after checking every listed file's sha256; raises CheckpointError."""
+    mpath = Path(path) / "manifest.json"
+    if not mpath.is_file():
+        raise CheckpointError(f"{path}: no manifest.json (incomplete checkpoint)")
+    try:
+        manifest: dict[str, Any] = json.loads(mpath.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{mpath}: not valid JSON: {exc.msg}") from exc
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{mpath}: format_version {manifest.get('format_version')!r}, "
+                              f"this code reads {FORMAT_VERSION}")
+    for name, sha in manifest.get("files", {}).items():
+        file = Path(path) / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: listed in the manifest but missing")
+        if _sha256(file) != sha:
+            raise CheckpointError(f"{file}: checksum mismatch (corrupt or modified)")
+    return manifest
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete, verified checkpoint under `root`, else None (corrupt ones skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    for candidate in sorted((p for p in root.glob(f"{_PREFIX}*") if p.is_dir()), reverse=True):
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError:
+            continue
+        return candidate
+    return None
+
+
+def _safe_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError and friends: refuse, never fall back
+        raise CheckpointError(f"{path}: refused to load (not plain tensors/containers; "
+                              f"pickled objects are not accepted): {exc}") from exc
+
+
+def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
+    """Verify and restore model, optimizer, scheduler and RNG into `engine`; return the
+    trainer state (counters, data order) for the loop."""
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    if manifest["zero_stage"] != int(engine.zero_optimization_stage()):
+        raise CheckpointError(f"{path}: written with ZeRO stage {manifest['zero_stage']}, the "
+                              f"engine runs stage {engine.zero_optimization_stage()}; resume "
+                              "with the same train.zero_stage or start fresh (train.resume=false)")
+    state: dict[str, Any] = _safe_load(path / "trainer_state.pt")
+    if _uses_native_zero(engine):
+        engine.load_checkpoint(str(path / "deepspeed"), tag="state",
+                               load_lr_scheduler_states=False)
+    else:
+        weights = load_file(str(path / "model.safetensors"))
+        try:
+            engine.module.load_state_dict(weights, strict=True)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}/model.safetensors: does not match the model: {exc}"
+                                  ) from exc
+        engine.optimizer.load_state_dict(_safe_load(path / "optimizer.pt"))
+    if "scheduler" in state and engine.lr_scheduler is not None:
+        engine.lr_scheduler.load_state_dict(state["scheduler"])
+    restore_rng(state["rng"])
+    return state
