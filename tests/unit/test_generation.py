@@ -1,0 +1,157 @@
+"""HF generation backends: the KV-cache path must match the plain full-context path exactly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from searchrl.config import RewardConfig, RolloutConfig, TinyModelConfig
+from searchrl.generation.base import SamplingParams, StopChecker, sample_next
+from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
+from searchrl.models.tiny import build_tiny_model, train_tokenizer
+from searchrl.rl.prompts import build_prompt
+from searchrl.rl.rollout import run_rollouts
+from searchrl.types import QAExample, SearchHit
+
+WORDS = [f"w{i}" for i in range(60)]
+DEMO = ("{prompt}<think> look up {a} </think><search> {a} </search>\n<information>Doc 1 "
+        "{a} is {b}</information>\n<think> then {b} </think><search> {b} </search>\n"
+        "<information>Doc 1 {b} is {c}</information>\n<answer> {c} </answer><eos>")
+
+
+def _demo(i: int) -> str:
+    a, b, c = WORDS[i % 60], WORDS[(i * 7 + 3) % 60], WORDS[(i * 13 + 5) % 60]
+    return DEMO.format(prompt=build_prompt(f"what about {a}?"), a=a, b=b, c=c)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():  # type: ignore[no-untyped-def]
+    # On a shared, oversubscribed CPU one intra-op thread is several times faster.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():  # type: ignore[no-untyped-def]
+    return train_tokenizer([_demo(i) for i in range(200)], 400)
+
+
+@pytest.fixture(scope="module")
+def random_model(tok):  # type: ignore[no-untyped-def]
+    return build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4), tok, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tagged_model(tok):  # type: ignore[no-untyped-def]
+    """A tiny model briefly trained on tag-structured demos, so greedy rollouts search."""
+    model = build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4), tok, seed=2)
+    batch = tok([_demo(i) for i in range(16)], return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(60):
+        loss = model(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return model
+
+
+def _contexts(tok, texts):  # type: ignore[no-untyped-def]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def test_kv_cache_path_matches_full_context_over_turns(tok, random_model) -> None:  # type: ignore[no-untyped-def]
+    fast, plain = HFGenerator(random_model, tok), HFFullContextGenerator(random_model, tok)
+    params = SamplingParams(max_new_tokens=9, greedy=True)
+    ctx = _contexts(tok, ["what about w1?", "w2 w3 w4 w5 w6 w7", "w9", "Question: w10 w11"])
+    keys = ["a", "b", "c", "d"]
+    limits = [9, 4, 9, 2]
+    a = fast.generate(ctx, params, keys=keys, limits=limits)
+    b = plain.generate(ctx, params, limits=limits)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [len(o.token_ids) for o in a] == limits
+    for x, y in zip(a, b, strict=True):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    # Next turn: rows drop out, change order, and get different-length insertions.
+    info = _contexts(tok, [" w40 w41 w42", " w43", " w44 w45 w46 w47 w48 w49"])
+    order = [3, 0, 2]
+    ctx2 = [ctx[r] + a[r].token_ids + info[j] for j, r in enumerate(order)]
+    prefill_before = fast.prefill_tokens
+    a2 = fast.generate(ctx2, params, keys=[keys[r] for r in order])
+    b2 = plain.generate(ctx2, params)
+    assert [o.token_ids for o in a2] == [o.token_ids for o in b2]
+    # Only the last sampled token + the insertion was prefilled, not the whole context.
+    assert fast.prefill_tokens - prefill_before == sum(1 + len(i) for i in info)
+
+
+def test_changed_context_rebuilds_the_cache(tok, random_model) -> None:  # type: ignore[no-untyped-def]
+    fast, plain = HFGenerator(random_model, tok), HFFullContextGenerator(random_model, tok)
+    params = SamplingParams(max_new_tokens=5, greedy=True)
+    ctx = _contexts(tok, ["w1 w2", "w3"])
+    fast.generate(ctx, params, keys=["x", "y"])
+    edited = _contexts(tok, ["w7 w2 w5", "w3 w3"])  # not an extension of what was cached
+    assert ([o.token_ids for o in fast.generate(edited, params, keys=["x", "y"])]
+            == [o.token_ids for o in plain.generate(edited, params)])
+
+
+def test_sampling_is_seeded_and_logprobs_match_a_forward_pass(tok, random_model) -> None:  # type: ignore[no-untyped-def]
+    gen = HFGenerator(random_model, tok)
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9)
+    ctx = _contexts(tok, ["w1 w2", "w3 w4 w5"])
+    first = gen.generate(ctx, params, seed=5)
+    again = gen.generate(ctx, params, seed=5)
+    other = gen.generate(ctx, params, seed=6)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    assert [o.token_ids for o in first] != [o.token_ids for o in other]
+    for c, out in zip(ctx, first, strict=True):
+        ids = torch.tensor([c + out.token_ids])
+        with torch.no_grad():
+            logits = random_model(input_ids=ids).logits[0].float() / 0.7
+        logp = torch.log_softmax(logits, dim=-1)
+        expected = [logp[len(c) - 1 + j, t].item() for j, t in enumerate(out.token_ids)]
+        assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]]))
+    rng = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_new_tokens=1, top_p=0.8)
+    drawn = {int(sample_next(logits, params, rng)[0]) for _ in range(200)}
+    assert drawn == {0, 1}
+
+
+def test_stop_string_split_over_tokens_is_detected(tok) -> None:  # type: ignore[no-untyped-def]
+    checker = StopChecker(tok, ("</search>",))
+    pieces = [tok.convert_tokens_to_ids(c) for c in ["<", "/", "s", "e", "a", "r", "c", "h"]]
+    assert not checker.hit(pieces)
+    assert checker.hit([*pieces, tok.convert_tokens_to_ids(">")])
+    assert checker.hit([tok.convert_tokens_to_ids("</search>")])
+
+
+class _DictSearcher:
+    def search_batch(self, queries, top_k):  # type: ignore[no-untyped-def]
+        return [[SearchHit(f"d-{q}", None, f"{q} is w{len(q) % 50}", 1.0)] for q in queries]
+
+
+def test_greedy_rollouts_identical_with_and_without_kv_cache(tok, tagged_model) -> None:  # type: ignore[no-untyped-def]
+    examples = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
+                          golden_answers=(WORDS[i + 1],)) for i in range(3)]
+    cfg = RolloutConfig(max_turns=2, max_new_tokens_per_turn=14, max_response_tokens=120,
+                        top_k=1, max_batch_rows=4)
+    fast = run_rollouts(examples, HFGenerator(tagged_model, tok), _DictSearcher(), cfg,
+                        RewardConfig(), group_size=2, greedy=True)
+    plain = run_rollouts(examples, HFFullContextGenerator(tagged_model, tok), _DictSearcher(),
+                         cfg, RewardConfig(), group_size=2, greedy=True)
+    assert [r.response_ids for r in fast.records] == [r.response_ids for r in plain.records]
+    assert [r.loss_mask for r in fast.records] == [r.loss_mask for r in plain.records]
+    # The trained model really searches, so this compared multi-turn rollouts.
+    assert fast.stats["searches_per_rollout"] >= 1.0
+    assert max(r.turns for r in fast.records) >= 2
