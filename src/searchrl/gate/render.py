@@ -134,7 +134,8 @@ def _plot_em_by_system(r: ReportInputs) -> Figure:
             zip(names, means, strict=True)]
     highs = [max(0.0, r.systems[n].em.hi - m) if math.isfinite(m) else 0 for n, m in
              zip(names, means, strict=True)]
-    colors = ["tab:orange" if n == r.trained_name else "tab:blue" for n in names]
+    # The colour cycle in system order, so a system has one colour across every plot.
+    colors = [f"C{i}" for i in range(len(names))]
     ax.bar(names, [m if math.isfinite(m) else 0 for m in means], yerr=[lows, highs],
            capsize=4, color=colors)
     ax.set_ylabel("exact match")
