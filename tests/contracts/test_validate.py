@@ -205,3 +205,16 @@ def test_task_returns_dataset_ref_with_report(tmp_path: Path, monkeypatch: pytes
     assert set(ref.paths) == {"train", "dev", "test"}
     assert ref.report_path is not None and Path(ref.report_path).is_file()
     assert ref.fingerprints["train"] in ref.fingerprint
+
+
+@pytest.mark.slow
+def test_bench_runs_and_finds_planted_defects(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from searchrl.contracts.bench import main
+
+    assert main(["--rows", "400", "--passages", "2000", "--out", str(tmp_path),
+                 "--contracts-dir", str(ROOT / "data_contracts")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"]["rows_in"] == 400
+    assert report["check_counts"]["leakage_exact"] == 10  # 20 leaks planted, half exact
+    assert report["check_counts"]["unanswerable"] >= 1
