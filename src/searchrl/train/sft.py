@@ -119,9 +119,9 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
             sched.step()
             result.steps += 1
             result.tokens_trained += int(tmask.sum())
-            result.losses.append(float(loss))
+            result.losses.append(float(loss.detach()))
             if on_step is not None:
-                on_step(result.steps, float(loss))
+                on_step(result.steps, float(loss.detach()))
     model.eval()  # type: ignore[no-untyped-call]
     result.seconds = time.perf_counter() - start
     return result
