@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 RolloutFn = Callable[..., RolloutBatch]
 SFT_KEY_FILE = "searchrl_sft.json"
+SFT_STATS_FILE = "searchrl_sft_stats.json"
 
 
 class TrainingError(RuntimeError):
@@ -85,6 +86,7 @@ class TrainResult:
     resumed_from: int
     skipped_steps: int
     seconds: float
+    sft_seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     final_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -128,6 +130,7 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     key_file = out_dir / SFT_KEY_FILE
     if key_file.is_file() and json.loads(key_file.read_text()) == key:
         return out_dir
+    started = time.perf_counter()
     seed_everything(config.run.seed)
     demos: list[Any] = []
     if config.model.kind == "tiny" or cfg.enabled:
@@ -148,6 +151,9 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
         sink.log_metrics({"sft_seconds": result.seconds, "sft_steps": result.steps,
                           "sft_final_loss": result.losses[-1]})
     save_policy(model, tokenizer, out_dir)
+    atomic_write_text(out_dir / SFT_STATS_FILE,
+                      json.dumps({"seconds": time.perf_counter() - started,
+                                  "demos": len(demos)}))
     atomic_write_text(key_file, json.dumps(key))
     return out_dir
 
@@ -453,17 +459,37 @@ def plot_curve(history: Sequence[dict[str, Any]], path: Path) -> Path:
 
 
 def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path,
-                     searcher: Searcher, out_dir: Path, *, dev_path: Path | None = None,
-                     sink: MetricsSink | None = None, progress: bool = True) -> TrainResult:
-    """Cold start (cached) then GRPO; everything under `out_dir` (sft/, policy/, ...)."""
+                     searcher: Searcher, out_dir: Path, *, sft_train_path: Path | None = None,
+                     dev_path: Path | None = None, sink: MetricsSink | None = None,
+                     progress: bool = True) -> TrainResult:
+    """Cold start (cached in `out_dir/sft`) then GRPO on `train_path` (curriculum order).
+
+    `sft_train_path` is the split the demonstrations come from (default `train_path`); the
+    pipeline passes the validated train split so the cold start the curriculum stage made is
+    reused (same key). `dev_path` questions feed the greedy learning curve.
+    """
     train = read_qa(train_path)
     if not train:
-        raise TrainingError(f"{train_path}: no training questions")
+        raise TrainingError(f"{train_path}: no training questions (curriculum dropped all?)")
     passages = read_passages(corpus_path)
-    sft_dir = cold_start(config, train, passages, searcher, out_dir / "sft", sink)
+    sft_examples = read_qa(sft_train_path) if sft_train_path else train
+    t0 = time.perf_counter()
+    sft_dir = cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
+    sft_seconds = _sft_seconds(sft_dir, time.perf_counter() - t0)
     dev = read_qa(dev_path)[: config.train.eval_questions] if dev_path else []
-    return train_grpo(config, train, searcher, sft_dir, out_dir, sink=sink, eval_examples=dev,
-                      progress=progress)
+    result = train_grpo(config, train, searcher, sft_dir, out_dir, sink=sink, eval_examples=dev,
+                        progress=progress)
+    result.sft_seconds = sft_seconds
+    return result
+
+
+def _sft_seconds(sft_dir: Path, measured: float) -> float:
+    """Cold-start wall time: as recorded when it was built (it may have been built earlier by
+    the curriculum stage and only reused now)."""
+    stats = sft_dir / SFT_STATS_FILE
+    if stats.is_file():
+        return float(json.loads(stats.read_text()).get("seconds", measured))
+    return measured
 
 
 def main(argv: list[str] | None = None) -> int:
