@@ -19,9 +19,9 @@ from searchrl.contracts.validate import (
     validate_gold_labels,
 )
 from searchrl.data.io import read_manifest, read_qa
+from tests.contracts.conftest import make_defects_config
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFECTS = ROOT / "tests" / "fixtures" / "contracts" / "defects"
 
 # (split, id) -> the checks planted on that row, and whether it must end in quarantine.
 PLANTED: dict[tuple[str, str], tuple[set[str], bool]] = {
@@ -51,18 +51,6 @@ PLANTED: dict[tuple[str, str], tuple[set[str], bool]] = {
 }
 
 
-def defects_config(tmp_path: Path, **validate: Any) -> PipelineConfig:
-    return PipelineConfig.model_validate({
-        "run": {"name": "defects", "work_dir": str(tmp_path / "run")},
-        "data": {"source": "files", "train_path": str(DEFECTS / "train.jsonl"),
-                 "dev_path": str(DEFECTS / "dev.jsonl"),
-                 "test_path": str(DEFECTS / "test.jsonl"),
-                 "corpus_path": str(DEFECTS / "corpus.jsonl")},
-        "validate": {"max_quarantine_fraction": 1.0, "overrides_path": None,
-                     "contracts_dir": str(ROOT / "data_contracts"), **validate},
-    })
-
-
 def _flags_by_row(result: ValidationResult) -> dict[tuple[str, str], list[dict[str, Any]]]:
     assert result.audit_path is not None
     audit = json.loads(result.audit_path.read_text())
@@ -75,7 +63,7 @@ def _flags_by_row(result: ValidationResult) -> dict[tuple[str, str], list[dict[s
 @pytest.fixture(scope="module")
 def defects(tmp_path_factory: pytest.TempPathFactory) -> ValidationResult:
     tmp = tmp_path_factory.mktemp("defects")
-    return validate_gold_labels(defects_config(tmp), tmp / "out")
+    return validate_gold_labels(make_defects_config(tmp), tmp / "out")
 
 
 def test_each_planted_defect_caught_with_its_check(defects: ValidationResult) -> None:
@@ -144,7 +132,7 @@ def test_steward_overrides_accept_correct_and_report(tmp_path: Path) -> None:
         "- {id: t9, action: correct, golden_answers: [Quelland], reason: typo, steward: ana}\n"
         "- {id: t13, action: accept, reason: try anyway, steward: bo}\n"
         "- {id: nope, action: accept, reason: stale, steward: bo}\n")
-    result = validate_gold_labels(defects_config(tmp_path, overrides_path=str(overrides)),
+    result = validate_gold_labels(make_defects_config(tmp_path, overrides_path=str(overrides)),
                                   tmp_path / "out")
     clean = {ex.id: ex for ex in read_qa(result.split_paths["train"])}
     assert "t8" in clean                                   # accepted despite leakage_near
@@ -181,7 +169,7 @@ def test_missing_overrides_file_is_an_error(tmp_path: Path) -> None:
 def test_threshold_fails_after_writing_report_and_no_clean_manifest(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(QuarantineThresholdError, match=r"15/24 rows .*max_quarantine_fraction"):
-        validate_gold_labels(defects_config(tmp_path, max_quarantine_fraction=0.5), out)
+        validate_gold_labels(make_defects_config(tmp_path, max_quarantine_fraction=0.5), out)
     assert (out / "audit_report.html").is_file() and (out / "quarantine.jsonl").is_file()
     assert not list(out.glob("*.jsonl.manifest.json"))
 
@@ -194,17 +182,6 @@ def test_default_synthetic_world_is_clean(tmp_path: Path) -> None:
     result = validate_gold_labels(config, tmp_path / "out")
     assert result.counts["quarantined"] == 0
     assert result.counts["clean"] == result.counts["rows_in"] > 0
-
-
-def test_task_returns_dataset_ref_with_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                              ) -> None:
-    from tasks.validate import validate_gold_labels as task
-
-    monkeypatch.chdir(ROOT)
-    ref = task.fn(defects_config(tmp_path), None, None)
-    assert set(ref.paths) == {"train", "dev", "test"}
-    assert ref.report_path is not None and Path(ref.report_path).is_file()
-    assert ref.fingerprints["train"] in ref.fingerprint
 
 
 @pytest.mark.slow

@@ -113,7 +113,7 @@ def _contract_lines(audit: Audit) -> list[tuple[str, str, str, str, str]]:
         for o in s.outcomes:
             if not o.success:
                 out.append((s.dataset, s.suite, o.expectation, f"{o.field}: {o.rule}",
-                            f"{o.unexpected_count} rows fail"))
+                            f"{o.unexpected_count} row(s) fail"))
     return out
 
 
