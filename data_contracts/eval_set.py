@@ -1,7 +1,8 @@
 """Data contract for evaluation sets (`dev`, `test`, every `extra_eval:<name>`).
 
-The gold QA rules (see gold_qa.py) plus: hops is required, since evaluation reports accuracy
-per hop count and a row without it would silently fall out of that breakdown.
+The gold QA rules (see gold_qa.py) plus, with `validate.eval_requires_hops: true`, hops is
+required: evaluation reports accuracy per hop count and a row without it would silently fall
+out of that breakdown. Off by default, since single-hop sets (NQ) carry no hop count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from searchrl.config import ValidateConfig
 from searchrl.contracts.suites import load_suite
 
 NAME = "eval_set"
-HOPS_REQUIRED = True
 _gold = load_suite(Path(__file__).resolve().parent, "gold_qa")
 
 
@@ -28,9 +28,10 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def build_suite(cfg: ValidateConfig) -> gx.ExpectationSuite:
     return gx.ExpectationSuite(name=NAME,
-                               expectations=_gold.qa_expectations(cfg, HOPS_REQUIRED))
+                               expectations=_gold.qa_expectations(cfg, cfg.eval_requires_hops))
 
 
 def row_schema(cfg: ValidateConfig) -> type[BaseModel]:
-    schema: type[BaseModel] = _gold.qa_row_schema(cfg, HOPS_REQUIRED, "EvalSetRow")
+    schema: type[BaseModel] = _gold.qa_row_schema(cfg, cfg.eval_requires_hops,
+                                                         "EvalSetRow")
     return schema

@@ -125,6 +125,8 @@ class ValidateConfig(_Section):
     time_sensitive_terms: tuple[str, ...] = ("current", "currently", "latest", "this year", "now")
     # Judgement answers that are not spans of any passage: never looked up in the corpus.
     non_extractive_answers: tuple[str, ...] = ("yes", "no")
+    # Evaluation sets must carry `hops` (per-hop accuracy); off for sets without it (NQ).
+    eval_requires_hops: bool = False
     quarantine_checks: tuple[GoldCheck, ...] = (
         "contract", "duplicate_id", "schema", "duplicate_question", "conflicting_gold",
         "leakage_exact", "leakage_near", "unanswerable", "unknown_supporting_doc",

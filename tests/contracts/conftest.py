@@ -20,6 +20,7 @@ def make_defects_config(tmp_path: Path, **validate: Any) -> PipelineConfig:
                  "test_path": str(DEFECTS / "test.jsonl"),
                  "corpus_path": str(DEFECTS / "corpus.jsonl")},
         "validate": {"max_quarantine_fraction": 1.0, "overrides_path": None,
+                     "eval_requires_hops": True,
                      "contracts_dir": str(ROOT / "data_contracts"), **validate},
     })
 

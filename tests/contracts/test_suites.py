@@ -21,7 +21,7 @@ SUITES = ("gold_qa", "eval_set", "corpus")
 
 @pytest.fixture(scope="module")
 def runner() -> SuiteRunner:
-    return SuiteRunner(ROOT / "data_contracts", ValidateConfig())
+    return SuiteRunner(ROOT / "data_contracts", ValidateConfig(eval_requires_hops=True))
 
 
 def _rows(suite: str, kind: str) -> list[dict[str, Any]]:
@@ -92,3 +92,10 @@ def test_bounds_come_from_config() -> None:
 def test_missing_suite_module_names_path(tmp_path: Path) -> None:
     with pytest.raises(ContractError, match=r"gold_qa\.py"):
         load_suite(tmp_path, "gold_qa")
+
+
+def test_eval_hops_requirement_follows_config() -> None:
+    lax = SuiteRunner(ROOT / "data_contracts", ValidateConfig(eval_requires_hops=False))
+    rows = [{"id": "a", "question": "No hop count?", "golden_answers": ["x"]}]
+    assert lax.run("eval_set", "no_hops", rows).row_failures == {}
+    assert _schema_ok(lax.row_schema("eval_set"), rows[0])

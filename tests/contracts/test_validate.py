@@ -13,6 +13,7 @@ import pytest
 
 from searchrl.config import PipelineConfig
 from searchrl.contracts.overrides import OverridesError, load_overrides
+from searchrl.contracts.suites import ContractError
 from searchrl.contracts.validate import (
     QuarantineThresholdError,
     ValidationResult,
@@ -195,3 +196,15 @@ def test_bench_runs_and_finds_planted_defects(tmp_path: Path,
     assert report["counts"]["rows_in"] == 400
     assert report["check_counts"]["leakage_exact"] == 10  # 20 leaks planted, half exact
     assert report["check_counts"]["unanswerable"] >= 1
+
+
+def test_broken_corpus_stops_the_stage_naming_file_row_field(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "p1", "contents": "Paris is in France."}\n'
+                      '{"id": "p1", "contents": "Lyon is a city."}\n'
+                      '{"id": "p3", "contents": "   "}\n')
+    config = make_defects_config(tmp_path).model_copy(update={
+        "data": make_defects_config(tmp_path).data.model_copy(
+            update={"corpus_path": str(corpus)})})
+    with pytest.raises(ContractError, match=r"corpus\.jsonl: row 3: contents: must not be blank"):
+        validate_gold_labels(config, tmp_path / "out")
