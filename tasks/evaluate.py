@@ -63,7 +63,10 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
             metrics |= {f"delta_em.{name}": d.mean, f"delta_em.{name}_lo": d.lo,
                         f"delta_em.{name}_hi": d.hi}
         sink.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
-        sink.log_artifact(out_dir, "evaluation")
+        # Top-level files only: a downloaded champion policy is not an evaluation artifact.
+        for path in sorted(out_dir.iterdir()):
+            if path.is_file():
+                sink.log_artifact(path, "evaluation")
         results_path = out_dir / RESULTS_FILE
         return EvalRef(results_path=str(results_path), fingerprint=fingerprint(results_path),
                        mlflow_run_id=sink.run_id)
