@@ -132,3 +132,35 @@ def test_nonfinite_rewards_skip_then_abort(tmp_path: Path, init_dir: Path) -> No
     lines = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["skipped"] == 1.0
     assert not (tmp_path / "nan" / "policy").exists()
+
+
+def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> None:
+    from searchrl.config import IndexConfig
+    from searchrl.data.synthetic import write_world
+    from searchrl.models.tiny import load_policy
+    from searchrl.retrieval.bm25 import BM25Index
+    from searchrl.retrieval.index_store import LocalSearcher
+    from searchrl.train.grpo import SFT_KEY_FILE, train_policy_run
+
+    cfg = _config(tmp_path, steps=1, checkpoint_every=0, eval_every=1, eval_questions=3)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={
+        "sft": cfg.train.sft.model_copy(update={"n_demos": 24, "epochs": 1})})})
+    world = generate_world(cfg.data.synthetic)
+    paths = write_world(world, tmp_path / "data")
+    searcher = LocalSearcher(world.passages, IndexConfig(retriever="bm25"),
+                             bm25=BM25Index.build([p.contents for p in world.passages]))
+    result = train_policy_run(cfg, paths["train"], paths["corpus"], searcher, tmp_path / "out",
+                              dev_path=paths["dev"], progress=False)
+    assert result.steps_done == 1 and result.curve_path is not None
+    model, tok = load_policy(result.policy_dir)
+    assert "<search>" in tok.get_vocab() and model.config.num_hidden_layers == 1
+    row = json.loads(result.metrics_path.read_text().splitlines()[0])
+    assert {"dev_em", "dev_em_all", "rollout_tokens", "time_rollout_s"} <= row.keys()
+    assert row["response_tokens"] > 0
+    # The cold start is reused, not rebuilt, by a second call with the same inputs.
+    key = result.sft_dir / SFT_KEY_FILE
+    before = key.stat().st_mtime_ns
+    from searchrl.train.grpo import cold_start
+
+    cold_start(cfg, world.splits["train"], world.passages, searcher, result.sft_dir)
+    assert key.stat().st_mtime_ns == before
