@@ -155,3 +155,20 @@ def test_greedy_rollouts_identical_with_and_without_kv_cache(tok, tagged_model) 
     # The trained model really searches, so this compared multi-turn rollouts.
     assert fast.stats["searches_per_rollout"] >= 1.0
     assert max(r.turns for r in fast.records) >= 2
+
+
+def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None:  # type: ignore[no-untyped-def]
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vllm installed: covered by tests/gpu")
+    from searchrl.generation.factory import make_generator
+    from searchrl.generation.vllm import VLLMGenerator
+
+    with pytest.raises(ImportError, match=r"searchrl\[gpu\]"):
+        VLLMGenerator("some/dir", tok)
+    with pytest.raises(ValueError, match="model_path"):
+        make_generator(RolloutConfig(backend="vllm"), random_model, tok)
+    assert isinstance(make_generator(RolloutConfig(), random_model, tok), HFGenerator)
