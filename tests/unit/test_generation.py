@@ -172,3 +172,16 @@ def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None
     with pytest.raises(ValueError, match="model_path"):
         make_generator(RolloutConfig(backend="vllm"), random_model, tok)
     assert isinstance(make_generator(RolloutConfig(), random_model, tok), HFGenerator)
+
+
+def test_shared_prompts_are_prefilled_once(tok, random_model) -> None:  # type: ignore[no-untyped-def]
+    fast, plain = HFGenerator(random_model, tok), HFFullContextGenerator(random_model, tok)
+    a, b = _contexts(tok, ["what about w1?", "w2 w3"])
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    out = fast.generate([a, a, b, a], params, keys=["0", "1", "2", "3"])
+    assert fast.prefill_tokens == len(a) + len(b)
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain.generate([a, a, b, a],
+                                                                               params)]
+    # Rows that share a prompt still sample independently.
+    sampled = fast.generate([a] * 4, SamplingParams(max_new_tokens=8), seed=3)
+    assert len({tuple(o.token_ids) for o in sampled}) > 1

@@ -120,7 +120,11 @@ class HFGenerator:
         self.model.train(False)
         try:
             state = self._reusable_state(ctx, keys)
-            logits = self._prefill(state, [c[len(state.cached[i]):] for i, c in enumerate(ctx)])
+            if any(state.cached):
+                logits = self._prefill(state, [c[len(state.cached[i]):]
+                                               for i, c in enumerate(ctx)])
+            else:
+                state, logits = self._prefill_shared(state, ctx)
             outputs = self._decode(state, logits, params, row_limits, seed)
         finally:
             self.model.train(was_training)
@@ -196,6 +200,23 @@ class HFGenerator:
         self.prefill_tokens += sum(len(p) for p in pending)
         return self._forward(state, chunk.to(self.device), mask.to(self.device),
                              positions.to(self.device))
+
+    def _prefill_shared(self, state: _CacheState, ctx: list[list[int]]
+                        ) -> tuple[_CacheState, Tensor]:
+        """Prefill each distinct context once (G samples share a prompt), then fan out rows."""
+        distinct: dict[tuple[int, ...], int] = {}
+        source = [distinct.setdefault(tuple(c), len(distinct)) for c in ctx]
+        if len(distinct) == len(ctx):
+            return state, self._prefill(state, ctx)
+        unique = self._fresh_state(len(distinct), None)
+        logits = self._prefill(unique, [list(c) for c in distinct])
+        index = torch.tensor(source, dtype=torch.long, device=self.device)
+        unique.cache.reorder_cache(cast(torch.LongTensor, index))
+        fanned = _CacheState(keys=state.keys, cache=unique.cache,
+                             attention=unique.attention.index_select(0, index),
+                             next_pos=[unique.next_pos[j] for j in source],
+                             cached=[list(unique.cached[j]) for j in source])
+        return fanned, logits.index_select(0, index)
 
     def _decode(self, state: _CacheState, logits: Tensor, params: SamplingParams,
                 row_limits: list[int], seed: int) -> list[GenerationOutput]:
