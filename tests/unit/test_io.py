@@ -122,3 +122,16 @@ def test_failed_write_leaves_no_manifest(tmp_path: Path) -> None:
 def read_qa_rows() -> list[dict]:  # type: ignore[type-arg]
     return [{"id": "a", "question": "q?", "golden_answers": ["x"]},
             {"id": "b", "question": "r?", "golden_answers": ["y"]}]
+
+
+def test_null_id_is_rejected_not_stringified(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"id": None, "question": "q?", "golden_answers": ["a"]}) + "\n")
+    with pytest.raises(DataError, match=r"row 1: field 'id'"):
+        read_qa(path)
+
+
+def test_written_files_are_readable_by_others(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl(path, read_qa_rows())
+    assert path.stat().st_mode & 0o044  # not the 0600 of a raw temp file

@@ -114,7 +114,7 @@ def _normalise_qa(row: dict[str, Any]) -> dict[str, Any]:
         out["golden_answers"] = [answers]
     elif answers is not None and not isinstance(answers, list | tuple):
         out["golden_answers"] = list(answers)
-    if "id" in out and not isinstance(out["id"], str):
+    if out.get("id") is not None and not isinstance(out["id"], str):
         out["id"] = str(out["id"])
     return out
 
@@ -123,7 +123,7 @@ def _normalise_passage(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     if "contents" not in out and "text" in out:
         out["contents"] = out["text"]
-    if "id" in out and not isinstance(out["id"], str):
+    if out.get("id") is not None and not isinstance(out["id"], str):
         out["id"] = str(out["id"])
     if out.get("title") is None and isinstance(out.get("contents"), str):
         head, sep, _ = out["contents"].partition("\n")
@@ -182,6 +182,10 @@ def atomic_write_text(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates 0600; artifacts are shared, so give them the umask's usual mode.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
