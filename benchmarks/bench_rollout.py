@@ -85,7 +85,7 @@ def demo(example: QAExample, by_id: dict[str, Passage], eos: str) -> str:
 def sft(model: Any, tok: Any, texts: list[str], steps: int, batch: int, seed: int) -> float:
     """Teacher-forced cross-entropy on the demos; returns the last loss."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     loss = torch.tensor(0.0)
     for _ in range(steps):
@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1 is fastest on a shared, loaded CPU)")
-    ap.add_argument("--sft-steps", type=int, default=120)
+    ap.add_argument("--sft-steps", type=int, default=200)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()

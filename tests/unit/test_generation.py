@@ -51,7 +51,7 @@ def random_model(tok):  # type: ignore[no-untyped-def]
 def tagged_model(tok):  # type: ignore[no-untyped-def]
     """A tiny model briefly trained on tag-structured demos, so greedy rollouts search."""
     model = build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4), tok, seed=2)
-    batch = tok([_demo(i) for i in range(16)], return_tensors="pt", padding=True)
+    batch = tok([_demo(i) for i in range(8)], return_tensors="pt", padding=True)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
