@@ -134,6 +134,7 @@ def test_nonfinite_rewards_skip_then_abort(tmp_path: Path, init_dir: Path) -> No
     assert not (tmp_path / "nan" / "policy").exists()
 
 
+@pytest.mark.slow
 def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> None:
     from searchrl.config import IndexConfig
     from searchrl.data.synthetic import write_world
@@ -164,3 +165,17 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
 
     cold_start(cfg, world.splits["train"], world.passages, searcher, result.sft_dir)
     assert key.stat().st_mtime_ns == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_stages_train_and_resume(tmp_path: Path, init_dir: Path, stage: int) -> None:
+    cfg = _config(tmp_path, steps=2, checkpoint_every=1, zero_stage=stage)
+    ex = _examples()
+    first = train_grpo(cfg, ex, None, init_dir, tmp_path / "z",  # type: ignore[arg-type]
+                       rollout_fn=fake_rollouts, progress=False, stop_after=1)
+    assert first.steps_done == 1
+    resumed = train_grpo(cfg, ex, None, init_dir, tmp_path / "z",  # type: ignore[arg-type]
+                         rollout_fn=fake_rollouts, progress=False)
+    assert resumed.resumed_from == 1 and resumed.steps_done == 2
+    assert (tmp_path / "z" / "policy" / "model.safetensors").is_file()
