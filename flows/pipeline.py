@@ -2,7 +2,12 @@
 
 Stages, in order (each a task in `tasks/`, each an MLflow child run of one parent run):
 
-1. validate_gold_labels: data contracts, quarantine, audit report        (tasks/validate.py)
+1. validate_gold_labels: data contracts, quarantine, audit report       (tasks/validate.py)
+2. build_index: BM25 + faiss dense + hybrid indexes, poisoning scan, recall (tasks/index.py)
+3. filter_curriculum: cold-start policy, difficulty, drop zero-variance   (tasks/curriculum.py)
+4. train_policy: DeepSpeed GRPO with masked multi-turn search rollouts   (tasks/train.py)
+5. evaluate_policy: EM/F1, searches, by hop count, baselines, label audit (tasks/evaluate.py)
+6. decide_go_no_go: cost-payback model, gate, report; registers on GO    (tasks/gate.py)
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
 Run it: `python flows/pipeline.py --config configs/tiny.yaml [key.sub=value ...]`.
@@ -28,6 +33,11 @@ from searchrl.tracking import (  # noqa: E402
     resolve_tracking_uri,
     start_parent_run,
 )
+from tasks.curriculum import filter_curriculum  # noqa: E402
+from tasks.evaluate import evaluate_policy  # noqa: E402
+from tasks.gate import decide_go_no_go  # noqa: E402
+from tasks.index import build_index  # noqa: E402
+from tasks.train import train_policy  # noqa: E402
 from tasks.validate import validate_gold_labels  # noqa: E402
 
 
@@ -41,11 +51,19 @@ def pipeline(config_path: str = "configs/tiny.yaml",
                               config.to_dict(), tags={"searchrl.config_path": config_path})
     try:
         dataset = validate_gold_labels(config, uri, parent.run_id)
+        index = build_index(config, dataset, uri, parent.run_id)
+        curriculum = filter_curriculum(config, dataset, index, uri, parent.run_id)
+        checkpoint = train_policy(config, dataset, index, curriculum, uri, parent.run_id)
+        evaluation = evaluate_policy(config, dataset, index, checkpoint, uri, parent.run_id)
+        decision = decide_go_no_go(config, dataset, checkpoint, evaluation, uri, parent.run_id)
     except BaseException:
         end_run(uri, parent.run_id, "FAILED")
         raise
     end_run(uri, parent.run_id, "FINISHED")
-    return {"parent_run_id": parent.run_id, "tracking_uri": uri, "dataset": dataset}
+    print(f"decision: {decision.label}" + "".join(f"\n  - {r}" for r in decision.reasons))
+    return {"parent_run_id": parent.run_id, "tracking_uri": uri, "dataset": dataset,
+            "index": index, "curriculum": curriculum, "checkpoint": checkpoint,
+            "evaluation": evaluation, "decision": decision}
 
 
 def main(argv: list[str] | None = None) -> None:

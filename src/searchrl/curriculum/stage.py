@@ -79,7 +79,8 @@ def _plot_histogram(difficulties: Sequence[QuestionDifficulty], path: Path) -> N
 
 def write_artifacts(examples: Sequence[QAExample], result: FilterResult,
                     difficulties: Sequence[QuestionDifficulty], out_dir: Path,
-                    policy_fingerprint: str, data_fingerprint: str) -> CurriculumResult:
+                    policy_fingerprint: str, data_fingerprint: str,
+                    unestimated: Sequence[QAExample] = ()) -> CurriculumResult:
     import pandas as pd
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -102,12 +103,14 @@ def write_artifacts(examples: Sequence[QAExample], result: FilterResult,
     hist = out_dir / "difficulty_hist.png"
     _plot_histogram(difficulties, hist)
     train_path = out_dir / "train_curriculum.jsonl"
-    write_jsonl(train_path, [by_id[d.example_id] for d in result.kept])
+    write_jsonl(train_path, [by_id[d.example_id] for d in result.kept] + list(unestimated))
     mean = sum(d.pass_rate for d in difficulties) / max(len(difficulties), 1)
-    atomic_write_text(out_dir / "counts.json", json.dumps(result.counts, indent=2))
+    counts = result.counts | {"not_estimated_kept": len(unestimated),
+                              "train_questions": len(result.kept) + len(unestimated)}
+    atomic_write_text(out_dir / "counts.json", json.dumps(counts, indent=2))
     return CurriculumResult(train_path=train_path, difficulty_path=difficulty_path,
                             dropped_path=dropped_path, histogram_path=hist,
-                            counts=result.counts, mean_pass_rate=mean)
+                            counts=counts, mean_pass_rate=mean)
 
 
 def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
@@ -118,11 +121,13 @@ def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
     difficulty is still measured, so the unfiltered baseline is documented the same way).
     """
     cfg = config.curriculum
-    examples = read_qa(train_path)
-    if cfg.max_questions is not None:
-        examples = examples[: cfg.max_questions]
+    all_examples = read_qa(train_path)
+    # Beyond the estimation cap questions are kept unestimated, after the ordered ones:
+    # capping the cost of estimation must never silently shrink the training set.
+    cap = len(all_examples) if cfg.max_questions is None else cfg.max_questions
+    examples, unestimated = all_examples[:cap], all_examples[cap:]
     model, tokenizer = load_policy(policy_dir)
-    model.eval()
+    model.train(False)
     generator = HFGenerator(model, tokenizer)
     records = rollout_pass_rates(examples, generator, searcher, config, cfg.group_size)
     difficulties = estimate_difficulty(examples, records)
@@ -137,4 +142,4 @@ def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
                                       "dropped_never_solved": 0, "dropped_always_solved": 0})
     return write_artifacts(examples, result, difficulties, out_dir,
                            policy_fingerprint=fingerprint(policy_dir),
-                           data_fingerprint=fingerprint(train_path))
+                           data_fingerprint=fingerprint(train_path), unestimated=unestimated)
