@@ -107,7 +107,9 @@ def _cost_rows(r: ReportInputs) -> list[list[str]]:
 def _suspect_rows(suspects: Sequence[dict[str, Any]], limit: int = 25) -> list[list[str]]:
     return [[str(s.get("example_id", "")), str(s.get("question", "")),
              " / ".join(s.get("golden_answers", [])), str(s.get("answer", "")),
-             _num(s.get("confidence"), ".2f")] for s in suspects[:limit]]
+             _num(s.get("confidence"), ".2f"),
+             "yes" if s.get("answer_in_support") else "no",
+             ", ".join(s.get("flagged_by", []))] for s in suspects[:limit]]
 
 
 # --- plots
@@ -246,7 +248,8 @@ def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]
          _group_rows(r.by_type)),
         ("costs", "Cost model", ["item", "value"], _cost_rows(r)),
         ("audit", f"Label-noise audit: {len(r.suspects)} suspect gold labels",
-         ["id", "question", "gold", "policy answer", "confidence"], _suspect_rows(r.suspects)),
+         ["id", "question", "gold", "policy answer", "confidence", "answer in support",
+          "flagged by"], _suspect_rows(r.suspects)),
     ]
 
 
