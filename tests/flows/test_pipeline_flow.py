@@ -1,8 +1,12 @@
-"""The real Prefect flow under prefect_test_harness with a local sqlite MLflow store."""
+"""The real Prefect flow under prefect_test_harness with a local sqlite MLflow store: all six
+stages run for real (tiny sizes), each an MLflow child run of one parent run."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from flows.pipeline import pipeline
 from searchrl.tracking import child_runs
@@ -11,33 +15,49 @@ from searchrl.tracking import child_runs
 FAST = [
     "data.synthetic.n_people=60", "data.synthetic.n_organisations=15",
     "data.synthetic.n_train=60", "data.synthetic.n_dev=10", "data.synthetic.n_test=20",
+    "train.sft.n_demos=24", "train.sft.epochs=1", "curriculum.max_questions=4",
+    "curriculum.group_size=2", "train.steps=1", "train.questions_per_step=2",
+    "rollout.group_size=2", "rollout.max_new_tokens_per_turn=16", "train.checkpoint_every=0",
+    "eval.max_questions=6", "eval.bootstrap_samples=100", "eval.baselines=[no_search]",
 ]
+STAGES = {"validate_gold_labels", "build_index", "filter_curriculum", "train_policy",
+          "evaluate_policy", "decide_go_no_go"}
 
 
-def _overrides(tmp: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    tmp = tmp_path_factory.mktemp("pipeline")
     return [*FAST, f"run.work_dir={tmp / 'work'}",
             f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}"]
 
 
-def test_pipeline_creates_parent_and_child_runs(prefect_harness: None, tmp_path: Path) -> None:
-    result = pipeline(config_path="configs/tiny.yaml", overrides=_overrides(tmp_path))
-    children = child_runs(result["tracking_uri"], result["parent_run_id"])
+@pytest.fixture(scope="module")
+def first_run(prefect_harness: None, workspace: list[str]) -> dict[str, Any]:
+    return pipeline(config_path="configs/tiny.yaml", overrides=workspace)
+
+
+def test_pipeline_creates_parent_and_child_runs(first_run: dict[str, Any]) -> None:
+    children = child_runs(first_run["tracking_uri"], first_run["parent_run_id"])
     stages = {c["stage"]: c for c in children}
-    assert "validate_gold_labels" in stages
+    assert set(stages) == STAGES
     assert all(c["status"] == "FINISHED" for c in children)
     assert stages["validate_gold_labels"]["metrics"]["rows_in"] > 0
-    assert Path(result["dataset"].paths["train"]).is_file()
+    assert stages["train_policy"]["metrics"]["steps"] == 1
+    assert Path(first_run["dataset"].paths["train"]).is_file()
+    assert Path(first_run["checkpoint"].policy_dir).is_dir()
+    decision = first_run["decision"]
+    assert decision.reasons and Path(decision.report_html or "").is_file()
 
 
-def test_rerun_with_same_inputs_reuses_finished_stages(
-    prefect_harness: None, tmp_path: Path
-) -> None:
-    first = pipeline(config_path="configs/tiny.yaml", overrides=_overrides(tmp_path))
-    second = pipeline(config_path="configs/tiny.yaml", overrides=_overrides(tmp_path))
-    # Cached stage: same reference back, and no new child run for it.
-    assert second["dataset"] == first["dataset"]
-    assert not any(c["stage"] == "validate_gold_labels"
-                   for c in child_runs(second["tracking_uri"], second["parent_run_id"]))
-    changed = pipeline(config_path="configs/tiny.yaml",
-                       overrides=[*_overrides(tmp_path), "data.synthetic.seed=99"])
-    assert changed["dataset"].fingerprint != first["dataset"].fingerprint
+def test_rerun_skips_finished_stages_and_a_change_reruns_only_downstream(
+        first_run: dict[str, Any], workspace: list[str]) -> None:
+    second = pipeline(config_path="configs/tiny.yaml", overrides=workspace)
+    for key in ("dataset", "index", "curriculum", "checkpoint", "evaluation"):
+        assert second[key] == first_run[key], key
+    assert child_runs(second["tracking_uri"], second["parent_run_id"]) == []
+    # An evaluation setting changes: evaluation and the gate re-run, nothing upstream does.
+    third = pipeline(config_path="configs/tiny.yaml",
+                     overrides=[*workspace, "eval.bootstrap_samples=200"])
+    rerun = {c["stage"] for c in child_runs(third["tracking_uri"], third["parent_run_id"])}
+    assert rerun == {"evaluate_policy", "decide_go_no_go"}
+    assert third["checkpoint"] == first_run["checkpoint"]
