@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:
