@@ -65,7 +65,7 @@ def config(work_dir: Path) -> PipelineConfig:
 
 
 def examples() -> list[QAExample]:
-    return generate_world(config(Path("/tmp")).data.synthetic).splits["train"]
+    return list(generate_world(config(Path("/tmp")).data.synthetic).splits["train"])
 
 
 def build_init(out: Path) -> None:
@@ -130,7 +130,7 @@ def _arm(point: str, marker: Path) -> None:
                 _wait_for_kill(marker, point)
             return out
 
-        grpo._update = update  # type: ignore[assignment]
+        grpo._update = update
         return
     step_s, _, where = rest.partition(":")
     name = f".{ckpt.step_dir(Path('.'), int(step_s)).name}.tmp"
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         _arm(args.pause_at, args.marker)
     from searchrl.train.grpo import train_grpo
 
-    result = train_grpo(config(args.out), examples(), None,  # type: ignore[arg-type]
+    result = train_grpo(config(args.out), examples(), None,
                         args.init, args.out, rollout_fn=fake_rollouts, progress=False)
     print(json.dumps({"steps_done": result.steps_done, "resumed_from": result.resumed_from,
                       "losses": result.losses}))

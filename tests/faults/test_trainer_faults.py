@@ -188,7 +188,7 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(
     assert partial.is_dir() and (partial / "model.safetensors").is_file()
     assert not step_dir(root, 4).exists()
     if moment == "data":
-        with pytest.raises(CheckpointError, match="no manifest.json"):
+        with pytest.raises(CheckpointError, match=r"no manifest\.json"):
             verify_checkpoint(partial)
     else:
         assert verify_checkpoint(partial)["step"] == 4  # complete, yet not renamed: not final

@@ -1,0 +1,253 @@
+"""The retrieval service answering 5xx during rollouts, through the real HTTP client
+(`searchrl.retrieval.client`) against a tiny local HTTP server, with a tiny policy that
+really searches:
+
+- always 500: each search call is retried a bounded number of times, then the failure is an
+  `<information>` observation the policy sees (mask 0) and a counted metric; no exception,
+  no empty result passed off as a search; a GRPO step with it completes and logs the count;
+- 500 twice then 200: the retries absorb it, the hits come through, nothing is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig, TinyModelConfig
+from searchrl.generation.hf import HFGenerator
+from searchrl.models.tiny import build_tiny_model, train_tokenizer
+from searchrl.retrieval.client import RetrievalClient
+from searchrl.rl.prompts import build_prompt
+from searchrl.rl.rollout import RolloutBatch, run_rollouts
+from searchrl.types import QAExample
+
+RETRIES = 2  # so every search call is exactly 3 HTTP requests
+WORDS = [f"w{i}" for i in range(60)]
+DEMO = ("{prompt}<think> look up {a} </think><search> {a} </search>\n<information>Doc 1 "
+        "{a} is {b}</information>\n<think> then {b} </think><search> {b} </search>\n"
+        "<information>Doc 1 {b} is {c}</information>\n<answer> {c} </answer><eos>")
+EXAMPLES = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
+                      golden_answers=(WORDS[i + 1],)) for i in range(3)]
+ROLLOUT = RolloutConfig(max_turns=2, max_new_tokens_per_turn=14, max_response_tokens=400,
+                        top_k=1, info_token_budget=300)
+
+
+def _demo(i: int) -> str:
+    a, b, c = WORDS[i % 60], WORDS[(i * 7 + 3) % 60], WORDS[(i * 13 + 5) % 60]
+    return DEMO.format(prompt=build_prompt(f"what about {a}?"), a=a, b=b, c=c)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    # On a shared, oversubscribed CPU one intra-op thread is several times faster.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok() -> PreTrainedTokenizerBase:
+    tokenizer: PreTrainedTokenizerBase = train_tokenizer([_demo(i) for i in range(200)], 400)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def searching_model(tok: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A tiny model briefly trained on tag-structured demos, so its rollouts search."""
+    model: PreTrainedModel = build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4),
+                                              tok, seed=2)
+    batch = tok([_demo(i) for i in range(8)], return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(60):
+        loss = model(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.train(False)
+    return model
+
+
+# --- a tiny retrieval service that fails on purpose
+
+
+class FailingService:
+    """HTTP server on a free loopback port. Every request whose 0-based index `i` has
+    `i % period != period - 1` gets 500; the others get a Search-R1-shaped 200 (period 0:
+    always 500). Records (method, path, body) of every request."""
+
+    def __init__(self, period: int = 0) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+        lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                with lock:
+                    service.requests.append((self.command, self.path, body))
+                    index = len(service.requests) - 1
+                if period and index % period == period - 1 and body is not None:
+                    payload = {"result": [[{"document": {"id": f"doc-{q}",
+                                                         "contents": f"{q} is w7"},
+                                            "score": 1.0}] for q in body["queries"]]}
+                    self._send(200, payload)
+                else:
+                    self._send(500, {"detail": "index shard offline"})
+
+            def _send(self, status: int, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None  # keep test output clean
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def down() -> Iterator[FailingService]:
+    service = FailingService()
+    yield service
+    service.close()
+
+
+def _client(service: FailingService) -> RetrievalClient:
+    return RetrievalClient(service.url, timeout_s=5.0, retries=RETRIES, backoff_s=0.01)
+
+
+def _rollouts(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+              client: RetrievalClient) -> RolloutBatch:
+    return run_rollouts(EXAMPLES, HFGenerator(model, tok), client, ROLLOUT, RewardConfig(),
+                        group_size=2, greedy=True)
+
+
+# --- always 500
+
+
+def test_service_500_becomes_an_observation_and_a_counted_metric(
+        searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+        down: FailingService) -> None:
+    client = _client(down)
+    try:
+        batch = _rollouts(searching_model, tok, client)  # must not raise
+    finally:
+        client.close()
+    records, stats = batch.records, batch.stats
+    searches = sum(len(r.queries) for r in records)
+    assert searches >= len(records)  # the policy really searched: the fault was exercised
+    # Bounded retries: each search call is exactly RETRIES + 1 requests, then it gives up.
+    assert stats["search_calls"] >= 1
+    assert len(down.requests) == (RETRIES + 1) * stats["search_calls"]
+    assert {(m, p) for m, p, _ in down.requests} == {("POST", "/retrieve")}
+    sent = {q for _, _, body in down.requests for q in body["queries"]}
+    assert {q for r in records for q in r.queries} <= sent
+    # Every failed search is counted, per record and in the batch stats.
+    assert stats["search_errors"] == searches and stats["search_error_rate"] == 1.0
+    for r in records:
+        assert r.search_errors == len(r.queries)
+        # No empty result passed off as a search: nothing was retrieved, and it says why.
+        assert r.retrieved_doc_ids == [[] for _ in r.queries]
+        assert r.passages == [[] for _ in r.queries]
+        info = _info_text(r.segments, r.response_ids, tok)
+        assert len(info) == len(r.queries)
+        for block in info:
+            assert "Search failed" in block and "HTTP 500" in block, block
+            assert f"failed after {RETRIES + 1} attempts" in block, block
+        # The observation is context, not policy output: loss mask 0 over it.
+        for kind, start, end in r.segments:
+            assert all(m == (1 if kind == "sampled" else 0)
+                       for m in r.loss_mask[start:end]), (kind, start, end)
+
+
+def _info_text(segments: list[tuple[str, int, int]], ids: list[int],
+               tok: PreTrainedTokenizerBase) -> list[str]:
+    """Decoded <information> blocks (consecutive `info` segments joined)."""
+    blocks: list[list[int]] = []
+    previous = ""
+    for kind, start, end in segments:
+        if kind == "info":
+            if previous != "info":
+                blocks.append([])
+            blocks[-1].extend(ids[start:end])
+        previous = kind
+    return [str(tok.decode(b, skip_special_tokens=False)) for b in blocks]
+
+
+# --- transient 500s within the retry budget
+
+
+def test_transient_500s_are_absorbed_by_the_retries(
+        searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> None:
+    service = FailingService(period=RETRIES + 1)  # 500, 500, then 200, for every call
+    client = _client(service)
+    try:
+        batch = _rollouts(searching_model, tok, client)
+    finally:
+        client.close()
+        service.close()
+    records = batch.records
+    assert batch.stats["search_calls"] >= 1
+    assert len(service.requests) == (RETRIES + 1) * batch.stats["search_calls"]
+    assert batch.stats["search_errors"] == 0
+    for r in records:
+        assert r.search_errors == 0
+        assert r.retrieved_doc_ids == [[f"doc-{q}"] for q in r.queries]
+        assert "Search failed" not in "".join(_info_text(r.segments, r.response_ids, tok))
+
+
+# --- a GRPO step against the failing service
+
+
+def test_grpo_step_with_the_service_down_completes_and_logs_the_errors(
+        tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+        down: FailingService) -> None:
+    from searchrl.train.grpo import train_grpo
+    from searchrl.train.sft import save_policy
+
+    init = tmp_path / "init"
+    save_policy(searching_model, tok, init)
+    config = PipelineConfig.model_validate({
+        "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
+        "rollout": ROLLOUT.model_dump(mode="json") | {"group_size": 2},
+        "curriculum": {"dynamic_filtering": False},
+        "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
+                  "checkpoint_every": 0, "kl_coef": 0.0},
+    })
+    client = _client(down)
+    try:
+        result = train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
+    finally:
+        client.close()
+    assert result.steps_done == 1 and result.skipped_steps == 0
+    row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    rollouts = config.train.questions_per_step * config.rollout.group_size
+    assert row["searches_per_rollout"] >= 1
+    assert row["search_errors"] == row["searches_per_rollout"] * rollouts
+    assert len(down.requests) % (RETRIES + 1) == 0 and down.requests
+    assert torch.isfinite(torch.tensor(row["loss"]))
