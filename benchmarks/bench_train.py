@@ -28,9 +28,11 @@ import torch
 
 from searchrl.config import load_config
 from searchrl.data.synthetic import generate_world
+from searchrl.generation.hf import HFGenerator
+from searchrl.models.tiny import load_policy
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
-from searchrl.train.grpo import cold_start, train_grpo
+from searchrl.train.grpo import cold_start, greedy_eval, train_grpo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,10 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--work", type=Path, default=None, help="reuse a cold start here")
+    parser.add_argument("--compare", action="store_true",
+                        help="also greedy test EM by hop: SFT (agentic, no_search, "
+                             "retrieve_once) vs the GRPO policy")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    overrides = [*args.overrides, f"train.steps={args.steps}", "train.eval_every=0",
-                 "train.resume=false", "train.checkpoint_every=0"]
+    overrides = [f"train.steps={args.steps}", "train.eval_every=0", "train.resume=false",
+                 "train.checkpoint_every=0", *args.overrides]
     config = load_config(args.config, overrides)
     world = generate_world(config.data.synthetic)
     searcher = LocalSearcher(world.passages, config.index.model_copy(update={"retriever": "bm25"}),
@@ -75,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     json.dump({k: round(v, 2) if isinstance(v, float) else v for k, v in report.items()},
               sys.stdout, indent=2)
     print()
+    if args.compare:
+        test = world.splits["test"]
+        systems = [("sft", sft, "agentic"), ("no_search", sft, "no_search"),
+                   ("retrieve_once", sft, "retrieve_once"), ("grpo", result.policy_dir, "agentic")]
+        for name, policy, mode in systems:
+            model, tok = load_policy(policy)
+            ev = greedy_eval(test, HFGenerator(model, tok), searcher, config, mode=mode)
+            print(name, json.dumps({k: round(v, 3) for k, v in sorted(ev.items())}))
+        print("curve:", result.curve_path)
     return 0
 
 
