@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -31,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _PREFIX = "step_"
@@ -196,7 +199,8 @@ def latest_checkpoint(root: Path) -> Path | None:
     for candidate in sorted((p for p in root.glob(f"{_PREFIX}*") if p.is_dir()), reverse=True):
         try:
             verify_checkpoint(candidate)
-        except CheckpointError:
+        except CheckpointError as exc:
+            log.warning("skipping checkpoint %s: %s", candidate, exc)
             continue
         return candidate
     return None
