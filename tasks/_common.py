@@ -49,6 +49,8 @@ def stage_cache_policy(stage: str, sections: tuple[str, ...],
         except (OSError, TypeError):
             return None
         for name, value in sorted(parameters.items()):
+            if isinstance(value, PipelineConfig):
+                continue  # only its named sections count (above), not the whole config
             fp = _ref_fingerprint(value)
             if fp is not None:
                 if not _ref_paths_exist(value):
