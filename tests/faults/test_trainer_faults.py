@@ -263,10 +263,6 @@ def test_resume_skips_a_truncated_checkpoint_and_matches_uninterrupted(
     _assert_same_as_baseline(result, out, base, base_out)  # step 4 rewritten, verified
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "train_grpo resumes via latest_checkpoint, which skips a corrupt checkpoint silently "
-    "(checkpoint.py latest_checkpoint: `except CheckpointError: continue`); nothing logs "
-    "which checkpoint was skipped or why"))
 def test_trainer_warns_naming_the_skipped_corrupt_checkpoint(
         resumed_past_corrupt: tuple[dict[str, Any], Path, Path]) -> None:
     result, _, bad = resumed_past_corrupt
