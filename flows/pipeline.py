@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_args(argv)
     result = pipeline(config_path=args.config, overrides=args.overrides)
-    print(f"pipeline finished: parent MLflow run {result['parent_run_id']} "
-          f"in {result['tracking_uri']}")
+    decision = result["decision"]
+    print(f"pipeline finished: {decision.label}; report {decision.report_html}\n"
+          f"MLflow parent run {result['parent_run_id']} in {result['tracking_uri']}")
 
 
 if __name__ == "__main__":
