@@ -275,6 +275,15 @@ class SFTConfig(_Section):
     batch_size: int = 16
     imperfect_fraction: float = Field(0.2, ge=0.0, le=1.0)
     n_demos: int = 800
+    # Share of demos in the no_search / retrieve_once formats (so those baselines are real).
+    baseline_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    # Demos from `extra_worlds` freshly generated synthetic worlds (data.synthetic with other
+    # seeds), `extra_world_demos` in all, on top of `n_demos`: names to copy, not memorise.
+    extra_worlds: int = Field(0, ge=0)
+    extra_world_demos: int = Field(0, ge=0)
+    # Weight of the language-modelling loss on context tokens (prompt, passages) of the demos;
+    # teaches a from-scratch model to copy names from its context (0: policy tokens only).
+    context_loss_weight: float = Field(0.0, ge=0.0)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     # A demo longer than this raises (truncation would cut the answer the demo is for).

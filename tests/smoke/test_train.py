@@ -179,3 +179,27 @@ def test_zero_stages_train_and_resume(tmp_path: Path, init_dir: Path, stage: int
                          rollout_fn=fake_rollouts, progress=False)
     assert resumed.resumed_from == 1 and resumed.steps_done == 2
     assert (tmp_path / "z" / "policy" / "model.safetensors").is_file()
+
+
+def test_trainer_logprobs_use_the_sampling_temperature(init_dir: Path) -> None:
+    """The sampler draws from softmax(logits / T); the trainer's log-probs must match it."""
+    from searchrl.generation.hf import HFGenerator
+    from searchrl.models.tiny import load_policy
+    from searchrl.train.grpo import _ref_logprobs
+    from searchrl.train.tensors import pack_records
+
+    model, tok = load_policy(init_dir)
+    prompt = list(tok("Who founded it?", add_special_tokens=False)["input_ids"])
+    params = SamplingParams(max_new_tokens=6, temperature=2.5)
+    (out,) = HFGenerator(model, tok).generate([prompt], params, seed=1)
+    record = RolloutRecord(example_id="x", sample_index=0, prompt_ids=prompt,
+                           response_ids=out.token_ids, loss_mask=[1] * len(out.token_ids),
+                           old_logprobs=out.logprobs, text="", turns=1, reward=0.0,
+                           correct=False)
+    packed = pack_records([record], torch.zeros(1), int(tok.pad_token_id))
+    tempered = _ref_logprobs(model, packed, 2.5)
+    raw = _ref_logprobs(model, packed, 1.0)
+    assert tempered is not None and raw is not None
+    m = packed.loss_mask.bool()
+    assert torch.allclose(tempered[m], packed.old_logprobs[m], atol=1e-4)
+    assert not torch.allclose(raw[m], packed.old_logprobs[m], atol=1e-2)

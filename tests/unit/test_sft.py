@@ -10,7 +10,8 @@ import torch
 from searchrl.config import SFTConfig, SyntheticWorldConfig, TinyModelConfig
 from searchrl.data.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
-from searchrl.train.demos import DemoError, build_demos
+from searchrl.rl.actions import Answer, Search, parse_action
+from searchrl.train.demos import DemoError, build_demos, world_demos
 from searchrl.train.sft import masked_nll, run_sft, tokenize_demo
 from searchrl.types import Passage, QAExample, SearchHit
 
@@ -47,11 +48,12 @@ def test_gold_demo_follows_the_chain() -> None:
     for demo, ex in zip(sorted(demos, key=lambda d: d.example_id),
                         sorted(train, key=lambda e: e.id), strict=True):
         titles = [PASSAGES[d].title for d in ex.supporting_doc_ids]
-        searches = [t.split("<search>")[1].split("</search>")[0]
+        # Names sit between spaces inside the tags (the parser strips them).
+        searches = [t.split("<search>")[1].split("</search>")[0].strip()
                     for t, trainable in demo.segments if "<search>" in t]
         assert searches == titles
         assert demo.answer == ex.golden_answers[0]
-        assert demo.text.endswith(f"<answer>{ex.golden_answers[0]}</answer>")
+        assert demo.text.endswith(f"<answer> {ex.golden_answers[0]} </answer>")
         # Inserted passages are never trainable; policy segments never contain them.
         for text, trainable in demo.segments:
             assert trainable == ("<information>" not in text and not text.startswith("Question"))
@@ -120,3 +122,64 @@ def test_sft_lowers_the_masked_loss() -> None:
     assert result.steps == 4 * 6
     assert after < before - 1.0
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
+
+
+def test_baseline_format_demos_use_the_rollout_glue() -> None:
+    train = WORLD.splits["train"]
+    searcher = TitleSearcher(WORLD.passages)
+    demos, stats = build_demos(train, PASSAGES, searcher, prompt_fn=prompt,
+                               imperfect_fraction=0.0, baseline_fraction=1.0, n_demos=40,
+                               seed=4, answer_open="<answer>")
+    assert set(stats.kinds) == {"no_search", "retrieve_once"} and stats.built == 40
+    gold = {e.id: e for e in train}
+    for demo in demos:
+        ex = gold[demo.example_id]
+        *context, (policy, trainable) = demo.segments
+        assert trainable and all(not t for _, t in context)
+        # The template opened the answer; the policy only continues it.
+        assert context[-1] == ("<answer>", False)
+        assert parse_action("<answer>" + policy) == Answer(ex.golden_answers[0])
+        assert "<search>" not in demo.text
+        infos = [t for t, _ in context if "<information>" in t]
+        if demo.kind == "retrieve_once":
+            (hit,) = searcher.search_batch([ex.question], 1)[0]
+            assert len(infos) == 1 and hit.contents in infos[0]
+        else:
+            assert infos == []
+
+
+def test_world_demos_come_from_other_worlds_and_skip_excluded_names() -> None:
+    cfg = SyntheticWorldConfig(seed=3, n_people=30, n_cities=8, n_countries=4,
+                               n_organisations=8, n_train=40, n_dev=4, n_test=4)
+    main_titles = {p.title for p in WORLD.passages}
+    demos, stats = world_demos(cfg, [101, 202], TitleSearcher, exclude_names=main_titles,
+                               n_demos=30, prompt_fn=prompt, imperfect_fraction=0.0)
+    assert stats.built == len(demos) == 30
+    assert {d.example_id.split(":")[0] for d in demos} == {"w101", "w202"}
+    for demo in demos:
+        queries = [a.query for t, ok in demo.segments if ok
+                   for a in [parse_action(t)] if isinstance(a, Search)]
+        assert queries and not set(queries) & main_titles and demo.answer not in main_titles
+    # Excluding every name of a world leaves nothing to demonstrate from it.
+    other = generate_world(cfg.model_copy(update={"seed": 101}))
+    with pytest.raises(DemoError):
+        world_demos(cfg, [101], TitleSearcher,
+                    exclude_names={p.title for p in other.passages}, n_demos=5,
+                    prompt_fn=prompt)
+
+
+def test_context_loss_adds_the_weighted_context_nll() -> None:
+    demos, _ = build_demos(WORLD.splits["train"][:3], PASSAGES, TitleSearcher(WORLD.passages),
+                           prompt_fn=prompt, imperfect_fraction=0.0)
+    model, tok = _tiny([d.text for d in demos])
+    td = tokenize_demo(demos[0], tok, max_len=1024)
+    ids = torch.tensor([td.input_ids])
+    attn = torch.ones_like(ids)
+    tmask = torch.tensor([td.loss_mask[1:]], dtype=torch.float32)
+    policy_only = float(masked_nll(model, ids, attn, tmask).detach())
+    context_only = float(masked_nll(model, ids, attn, torch.zeros_like(tmask), 1.0).detach())
+    both = float(masked_nll(model, ids, attn, tmask, 0.5).detach())
+    # With an all-zero policy mask every real target is context.
+    assert context_only > 0 and policy_only > 0
+    context_nll = float(masked_nll(model, ids, attn, 1.0 - tmask).detach())
+    assert both == pytest.approx(policy_only + 0.5 * context_nll, rel=1e-5)

@@ -11,10 +11,24 @@ appear in the previous passage). A gold demonstration is
 with the `<information>` blocks produced by the real searcher and the rollout loop's own
 formatter, so the SFT data looks exactly like what the policy will see in rollouts.
 
+Names go inside the tags with a space on each side (`<search> E1 </search>`,
+`<answer> X </answer>`; the parser strips them): a byte-level BPE spells " E1" with the same
+tokens as the question and the passages do, so writing a query or an answer is copying tokens
+from the context, a skill that carries over to entities never seen as targets.
+
 A configurable share is deliberately imperfect, so the SFT start leaves room for RL:
 - `skipped_search`: stops searching k < hops hops early and answers with the entity the
   chain had reached (the bridge entity, or for k = 0 a random corpus title);
 - `wrong_hop`: searches the whole chain but answers with an earlier hop's entity.
+
+A further share (`baseline_fraction`) is in the two baseline formats of the rollout loop, so
+that the no-search and retrieve-once baselines measure the policy and not a format it never
+saw: the template opens `<answer>` right after the prompt (`no_search`), or after one
+`<information>` block retrieved with the question itself (`retrieve_once`); the policy
+writes only ` X </answer>` (the gold answer, whether or not the context holds it).
+
+`world_demos` adds demonstrations from freshly generated synthetic worlds (other seeds, their
+own searcher), so hundreds of distinct names must be copied rather than memorised.
 
 Each demonstration is a list of (text, trainable) segments; the SFT loss covers only the
 trainable (policy-written) ones, so prompt and inserted passages are never learnt as output.
@@ -23,16 +37,19 @@ trainable (policy-written) ones, so prompt and inserted passages are never learn
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
+from searchrl.config import SyntheticWorldConfig
+from searchrl.data.synthetic import generate_world
 from searchrl.retrieval.base import Searcher
 from searchrl.types import Passage, QAExample, SearchHit
 
-DemoKind = Literal["gold", "skipped_search", "wrong_hop"]
+DemoKind = Literal["gold", "skipped_search", "wrong_hop", "no_search", "retrieve_once"]
 PromptFn = Callable[[str], str]
 InfoFn = Callable[[Sequence[SearchHit]], str]
+SearcherFactory = Callable[[Sequence[Passage]], Searcher]
 
 
 def default_information(hits: Sequence[SearchHit]) -> str:
@@ -79,15 +96,21 @@ def _chain_titles(ex: QAExample, passages: Mapping[str, Passage]) -> list[str] |
 def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
                 searcher: Searcher, *, prompt_fn: PromptFn, info_fn: InfoFn = default_information,
                 top_k: int = 1, imperfect_fraction: float = 0.2, n_demos: int | None = None,
-                seed: int = 0, eos: str = "") -> tuple[list[Demo], DemoStats]:
+                seed: int = 0, eos: str = "", baseline_fraction: float = 0.0,
+                answer_open: str = "<answer>") -> tuple[list[Demo], DemoStats]:
     """Demonstrations for (cycling through) `examples`, `n_demos` of them (default: one each).
 
     Examples without a usable chain (no supporting docs, a doc missing or untitled) or whose
     chain passage the searcher does not return are skipped and counted in the stats, never
-    rendered with an answer the policy could not have read. Deterministic given `seed`.
+    rendered with an answer the policy could not have read. A `baseline_fraction` share is in
+    the no-search / retrieve-once formats (half each; `answer_open` is the template's
+    opener), the rest agentic, of which `imperfect_fraction` is imperfect. Deterministic
+    given `seed`.
     """
-    if not 0.0 <= imperfect_fraction <= 1.0:
-        raise DemoError(f"imperfect_fraction must be in [0, 1], got {imperfect_fraction}")
+    for name, value in (("imperfect_fraction", imperfect_fraction),
+                        ("baseline_fraction", baseline_fraction)):
+        if not 0.0 <= value <= 1.0:
+            raise DemoError(f"{name} must be in [0, 1], got {value}")
     rng = random.Random(seed)
     stats = DemoStats()
     usable: list[tuple[QAExample, list[str]]] = []
@@ -103,6 +126,11 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
     # One search per distinct title, batched: the searcher is the slow part.
     distinct = sorted({t for _, titles in usable for t in titles})
     hits = dict(zip(distinct, searcher.search_batch(distinct, top_k), strict=True))
+    question_hits: dict[str, list[SearchHit]] = {}
+    if baseline_fraction > 0.0:
+        questions = sorted({ex.question for ex, _ in usable})
+        question_hits = dict(zip(questions, searcher.search_batch(questions, top_k),
+                                 strict=True))
     all_titles = sorted({p.title for p in passages.values() if p.title})
     doc_of_title = {passages[d].title: d for ex, _ in usable for d in ex.supporting_doc_ids}
     target = n_demos if n_demos is not None else len(usable)
@@ -120,6 +148,13 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
             stats.skipped_gold_not_retrieved += 1
             continue
         kind: DemoKind = "gold"
+        if baseline_fraction > 0.0 and rng.random() < baseline_fraction:
+            kind = rng.choice(["no_search", "retrieve_once"])
+            demo = _render_baseline(ex, kind, question_hits, prompt_fn, info_fn, answer_open,
+                                    eos)
+            demos.append(demo)
+            stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
+            continue
         if rng.random() < imperfect_fraction:
             kind = rng.choice(["skipped_search", "wrong_hop"])
         demo = _render(ex, titles, hits, kind, rng, prompt_fn, info_fn, all_titles, eos)
@@ -145,8 +180,56 @@ def _render(ex: QAExample, titles: list[str], hits: Mapping[str, list[SearchHit]
         answer = rng.choice(all_titles)
     segments: list[tuple[str, bool]] = [(prompt_fn(ex.question), False)]
     for title in titles[:n_search]:
-        segments.append((f"<think>search</think><search>{title}</search>", True))
+        segments.append((f"<think>search</think><search> {title} </search>", True))
         segments.append((info_fn(hits[title]), False))
-    segments.append((f"<think>answer</think><answer>{answer}</answer>{eos}", True))
+    segments.append((f"<think>answer</think><answer> {answer} </answer>{eos}", True))
     return Demo(example_id=ex.id, kind=kind, hops=len(titles), answer=answer,
                 segments=tuple(segments))
+
+
+def _render_baseline(ex: QAExample, kind: DemoKind,
+                     question_hits: Mapping[str, list[SearchHit]], prompt_fn: PromptFn,
+                     info_fn: InfoFn, answer_open: str, eos: str) -> Demo:
+    """The rollout's baseline glue: [information(question)] + template `<answer>` (mask 0)."""
+    answer = ex.golden_answers[0]
+    segments: list[tuple[str, bool]] = [(prompt_fn(ex.question), False)]
+    if kind == "retrieve_once":
+        segments.append((info_fn(question_hits[ex.question]), False))
+    segments.append((answer_open, False))
+    segments.append((f" {answer} </answer>{eos}", True))
+    return Demo(example_id=ex.id, kind=kind, hops=ex.hops or 0, answer=answer,
+                segments=tuple(segments))
+
+
+def world_demos(world_cfg: SyntheticWorldConfig, seeds: Sequence[int],
+                make_searcher: SearcherFactory, *, exclude_names: Collection[str] = (),
+                n_demos: int, **demo_kwargs: Any) -> tuple[list[Demo], DemoStats]:
+    """`n_demos` demonstrations from the train splits of synthetic worlds generated with
+    `world_cfg` and each of `seeds` (spread evenly), each world searched by its own
+    `make_searcher(passages)`.
+
+    Questions touching an entity named in `exclude_names` (the real corpus's titles) are
+    dropped, so no name of the evaluated world ever becomes an output target. Other keyword
+    arguments go to `build_demos`; the stats are summed over worlds.
+    """
+    if not seeds or n_demos <= 0:
+        return [], DemoStats()
+    excluded = set(exclude_names)
+    demos: list[Demo] = []
+    total = DemoStats()
+    for i, seed in enumerate(seeds):
+        world = generate_world(world_cfg.model_copy(update={"seed": seed}))
+        by_id = {p.id: p for p in world.passages}
+        train = [ex for ex in world.splits["train"]
+                 if not ({by_id[d].title for d in ex.supporting_doc_ids}
+                         | set(ex.golden_answers)) & excluded]
+        share = n_demos // len(seeds) + (1 if i < n_demos % len(seeds) else 0)
+        built, stats = build_demos(train, by_id, make_searcher(world.passages),
+                                   n_demos=share, seed=seed, **demo_kwargs)
+        demos.extend(replace(d, example_id=f"w{seed}:{d.example_id}") for d in built)
+        total.built += stats.built
+        total.skipped_no_chain += stats.skipped_no_chain
+        total.skipped_gold_not_retrieved += stats.skipped_gold_not_retrieved
+        for k, v in stats.kinds.items():
+            total.kinds[k] = total.kinds.get(k, 0) + v
+    return demos, total

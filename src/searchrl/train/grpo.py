@@ -15,6 +15,8 @@ The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
   (DAPO) instead of eq. 3's mean of per-sequence means; see `rl/loss.py`.
 - masking: only tokens the policy sampled carry loss; inserted `<information>` text and
   template glue are masked out (Search-R1's retrieved-token masking).
+- temperature: log-probs (ratio, KL, entropy) are of softmax(logits / rollout.temperature),
+  the distribution the rollout sampled from, not of the raw logits.
 - old log-probs: recomputed by the training forward pass (`logp.detach()` on the first
   epoch, so the ratio starts at exactly 1), not taken from the sampler; the mean absolute
   difference to the sampler's log-probs is logged as `logprob_mismatch`.
@@ -54,12 +56,12 @@ from searchrl.models.tiny import init_policy, load_policy
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.advantages import advantage_stats, group_advantages
 from searchrl.rl.loss import aggregate_denominator, grpo_loss
-from searchrl.rl.prompts import INFO_CLOSE, INFO_OPEN, build_prompt, format_passages
+from searchrl.rl.prompts import ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, build_prompt, format_passages
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.tracking import MetricsSink, NullSink
 from searchrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from searchrl.train.demos import build_demos
+from searchrl.train.demos import SearcherFactory, build_demos, world_demos
 from searchrl.train.ds import build_engine
 from searchrl.train.sft import run_sft, save_policy
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
@@ -70,6 +72,8 @@ log = logging.getLogger(__name__)
 RolloutFn = Callable[..., RolloutBatch]
 SFT_KEY_FILE = "searchrl_sft.json"
 SFT_STATS_FILE = "searchrl_sft_stats.json"
+# Bumped when the demonstration text format changes, so an old cold start is not reused.
+DEMO_FORMAT_VERSION = 2
 
 
 class TrainingError(RuntimeError):
@@ -126,7 +130,9 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     key = {"model": config.to_dict()["model"], "sft": cfg.model_dump(mode="json"),
            "rollout_format": [config.rollout.top_k, config.rollout.info_token_budget],
            "seed": config.run.seed, "train_ids": [e.id for e in train_examples],
-           "n_passages": len(passages)}
+           "n_passages": len(passages), "demo_format": DEMO_FORMAT_VERSION}
+    if cfg.extra_worlds and cfg.extra_world_demos:
+        key["extra_world"] = config.data.synthetic.model_dump(mode="json")
     key_file = out_dir / SFT_KEY_FILE
     if key_file.is_file() and json.loads(key_file.read_text()) == key:
         return out_dir
@@ -134,12 +140,22 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     seed_everything(config.run.seed)
     demos: list[Any] = []
     if config.model.kind == "tiny" or cfg.enabled:
-        demos, stats = build_demos(
-            train_examples, {p.id: p for p in passages}, searcher, prompt_fn=build_prompt,
-            info_fn=information_block, top_k=config.rollout.top_k,
-            imperfect_fraction=cfg.imperfect_fraction, n_demos=cfg.n_demos,
-            seed=config.run.seed)
-        sink.log_metrics({"sft_demos": stats.built,
+        demo_kwargs: dict[str, Any] = {
+            "prompt_fn": build_prompt, "info_fn": information_block,
+            "top_k": config.rollout.top_k, "imperfect_fraction": cfg.imperfect_fraction,
+            "baseline_fraction": cfg.baseline_fraction, "answer_open": ANSWER_OPEN}
+        demos, stats = build_demos(train_examples, {p.id: p for p in passages}, searcher,
+                                   n_demos=cfg.n_demos, seed=config.run.seed, **demo_kwargs)
+        extra, extra_stats = world_demos(
+            config.data.synthetic, extra_world_seeds(config), _bm25_searcher(config),
+            exclude_names={p.title for p in passages if p.title},
+            n_demos=cfg.extra_world_demos, **demo_kwargs)
+        demos += extra
+        stats.built += extra_stats.built
+        for kind, n in extra_stats.kinds.items():
+            stats.kinds[kind] = stats.kinds.get(kind, 0) + n
+        sink.log_metrics({"sft_demos_extra_worlds": extra_stats.built,
+                          "sft_demos": stats.built,
                           "sft_demos_skipped_no_chain": stats.skipped_no_chain,
                           "sft_demos_skipped_not_retrieved": stats.skipped_gold_not_retrieved}
                          | {f"sft_demos_{k}": v for k, v in stats.kinds.items()})
@@ -156,6 +172,28 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
                                   "demos": len(demos)}))
     atomic_write_text(key_file, json.dumps(key))
     return out_dir
+
+
+def extra_world_seeds(config: PipelineConfig) -> list[int]:
+    """Seeds of the extra synthetic worlds the cold start draws demonstrations from (none
+    equals the evaluated world's)."""
+    base = config.data.synthetic.seed
+    return [base + 7919 * (i + 1) for i in range(config.train.sft.extra_worlds)]
+
+
+def _bm25_searcher(config: PipelineConfig) -> SearcherFactory:
+    """An in-memory BM25 searcher per extra world (the index stage's BM25 settings)."""
+    from searchrl.retrieval.bm25 import BM25Index
+    from searchrl.retrieval.index_store import LocalSearcher
+
+    icfg = config.index.model_copy(update={"retriever": "bm25"})
+
+    def make(passages: Sequence[Passage]) -> Searcher:
+        bm25 = BM25Index.build([p.contents for p in passages], k1=icfg.bm25_k1, b=icfg.bm25_b,
+                               stopwords=icfg.bm25_stopwords)
+        return LocalSearcher(passages, icfg, bm25=bm25)
+
+    return make
 
 
 # --- the trainer
@@ -183,13 +221,14 @@ def _micro_slices(n: int, micro: int) -> list[tuple[int, int]]:
     return [(i, min(i + micro, n)) for i in range(0, n, micro)]
 
 
-def _ref_logprobs(ref: PreTrainedModel | None, batch: PackedBatch) -> torch.Tensor | None:
+def _ref_logprobs(ref: PreTrainedModel | None, batch: PackedBatch, temperature: float
+                  ) -> torch.Tensor | None:
     if ref is None:
         return None
     with torch.no_grad():
         out = ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                   use_cache=False)
-        return token_logprobs(out.logits, batch.input_ids)
+        return token_logprobs(out.logits.float() / temperature, batch.input_ids)
 
 
 def greedy_eval(examples: Sequence[QAExample], generator: HFGenerator, searcher: Searcher,
@@ -372,7 +411,10 @@ def _update(engine: Any, ref: PreTrainedModel | None, records: Sequence[RolloutR
     denom = aggregate_denominator(packed.loss_mask, tcfg.loss_agg)
     slices = _micro_slices(len(records), tcfg.micro_batch_size)
     t0 = time.perf_counter()
-    refs = [_ref_logprobs(ref, packed.slice(a, b)) for a, b in slices]
+    # The policy that sampled is softmax(logits / T): ratios, KL and entropy use the same
+    # distribution as the sampler's old log-probs (`generation.base.sample_next`).
+    temperature = config.rollout.temperature
+    refs = [_ref_logprobs(ref, packed.slice(a, b), temperature) for a, b in slices]
     t_logprobs = time.perf_counter() - t0
     olds: list[torch.Tensor] = []
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0,
@@ -384,7 +426,7 @@ def _update(engine: Any, ref: PreTrainedModel | None, records: Sequence[RolloutR
         for k, (a, b) in enumerate(slices):
             mb = packed.slice(a, b)
             logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                            use_cache=False).logits
+                            use_cache=False).logits.float() / temperature
             logp = token_logprobs(logits, mb.input_ids)
             if epoch == 0:
                 olds.append(logp.detach())

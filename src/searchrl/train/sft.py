@@ -1,10 +1,15 @@
 """Cold start: a tokenizer and tiny causal LM for the corpus, taught the tag format by a short
 SFT on scripted demonstrations (see `demos.py`), before RL.
 
-The SFT loss is the token-mean negative log-likelihood over policy-written tokens only: the
-mask is built per segment in lockstep with the tokens (prompt and inserted `<information>`
-blocks are 0), exactly as rollouts build theirs. For a real base model SFT is optional
-(`train.sft.enabled`); nothing here assumes the tiny model.
+The SFT loss is the token-mean negative log-likelihood over policy-written tokens: the mask
+is built per segment in lockstep with the tokens (prompt and inserted `<information>` blocks
+are 0), exactly as rollouts build theirs. A from-scratch model may add `context_loss_weight`
+times the token-mean NLL of the context tokens (prompt and passages): plain language
+modelling on text that repeats names ("X. X is a painter. X was born in Y.") is what teaches
+a tiny transformer to copy from its context, which masked SFT alone (a few target tokens per
+demo) does not within a CPU budget. The context is only ever demonstration text (train
+questions and the passages their chains retrieve), never the evaluation split's. For a real
+base model SFT is optional (`train.sft.enabled`); nothing here assumes the tiny model.
 """
 
 from __future__ import annotations
@@ -73,11 +78,16 @@ def _collate(items: Sequence[TokenizedDemo], pad_id: int
 
 
 def masked_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-               target_mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean NLL over `target_mask` (targets in `[N, L-1]` coordinates)."""
+               target_mask: torch.Tensor, context_weight: float = 0.0) -> torch.Tensor:
+    """Token-mean NLL over `target_mask` (targets in `[N, L-1]` coordinates), plus
+    `context_weight` x the token-mean NLL over the other real (non-pad) targets."""
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     logp = token_logprobs(logits, ids)  # [N, L-1]
-    return -(logp * target_mask).sum() / target_mask.sum().clamp(min=1.0)
+    loss = -(logp * target_mask).sum() / target_mask.sum().clamp(min=1.0)
+    if context_weight > 0.0:
+        context = attn[:, 1:].to(logp.dtype) * (1.0 - target_mask)  # [N, L-1]
+        loss = loss - context_weight * (logp * context).sum() / context.sum().clamp(min=1.0)
+    return loss
 
 
 def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: Sequence[Demo],
@@ -109,7 +119,7 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
         rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_size):
             ids, attn, tmask = _collate([data[i] for i in order[b : b + cfg.batch_size]], pad_id)
-            loss = masked_nll(model, ids, attn, tmask)
+            loss = masked_nll(model, ids, attn, tmask, cfg.context_loss_weight)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"SFT loss became {loss.item()} at step {result.steps}")
             opt.zero_grad(set_to_none=True)
