@@ -12,7 +12,7 @@ from searchrl.data.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.actions import Answer, Search, parse_action
 from searchrl.train.demos import DemoError, build_demos, world_demos
-from searchrl.train.sft import masked_nll, run_sft, tokenize_demo
+from searchrl.train.sft import context_targets, masked_nll, run_sft, tokenize_demo
 from searchrl.types import Passage, QAExample, SearchHit
 
 WORLD = generate_world(SyntheticWorldConfig(seed=3, n_people=30, n_cities=8, n_countries=4,
@@ -183,3 +183,21 @@ def test_context_loss_adds_the_weighted_context_nll() -> None:
     assert context_only > 0 and policy_only > 0
     context_nll = float(masked_nll(model, ids, attn, 1.0 - tmask).detach())
     assert both == pytest.approx(policy_only + 0.5 * context_nll, rel=1e-5)
+
+
+def test_context_targets_never_teach_the_policy_to_write_tags() -> None:
+    demos, _ = build_demos(WORLD.splits["train"][:3], PASSAGES, TitleSearcher(WORLD.passages),
+                           prompt_fn=prompt, imperfect_fraction=0.0)
+    _, tok = _tiny([d.text for d in demos])
+    td = tokenize_demo(demos[0], tok, max_len=1024)
+    ids = torch.tensor([td.input_ids + [int(tok.pad_token_id)] * 3])
+    attn = torch.tensor([[1] * len(td.input_ids) + [0] * 3])
+    tmask = torch.tensor([td.loss_mask[1:] + [0] * 3], dtype=torch.float32)
+    info = tok.convert_tokens_to_ids("<information>")
+    cmask = context_targets(ids, attn, tmask, tok.all_special_ids)
+    targets = ids[0, 1:]
+    assert bool((targets == info).any())  # the demo inserts an information block
+    assert not bool(cmask[0][targets == info].any())  # ... whose tag is never a target
+    assert not bool((cmask * tmask).any()) and not bool(cmask[0, -3:].any())
+    # The passage text itself is learnt as context.
+    assert float(cmask.sum()) > float(tmask.sum())

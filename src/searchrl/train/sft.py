@@ -78,16 +78,32 @@ def _collate(items: Sequence[TokenizedDemo], pad_id: int
 
 
 def masked_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-               target_mask: torch.Tensor, context_weight: float = 0.0) -> torch.Tensor:
+               target_mask: torch.Tensor, context_weight: float = 0.0,
+               context_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Token-mean NLL over `target_mask` (targets in `[N, L-1]` coordinates), plus
-    `context_weight` x the token-mean NLL over the other real (non-pad) targets."""
+    `context_weight` x the token-mean NLL over `context_mask` (default: every other real,
+    non-pad target)."""
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     logp = token_logprobs(logits, ids)  # [N, L-1]
     loss = -(logp * target_mask).sum() / target_mask.sum().clamp(min=1.0)
     if context_weight > 0.0:
-        context = attn[:, 1:].to(logp.dtype) * (1.0 - target_mask)  # [N, L-1]
-        loss = loss - context_weight * (logp * context).sum() / context.sum().clamp(min=1.0)
+        if context_mask is None:
+            context_mask = attn[:, 1:].to(logp.dtype) * (1.0 - target_mask)  # [N, L-1]
+        loss = loss - context_weight * ((logp * context_mask).sum()
+                                        / context_mask.sum().clamp(min=1.0))
     return loss
+
+
+def context_targets(ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Tensor,
+                    skip_ids: Sequence[int]) -> torch.Tensor:
+    """`[N, L-1]` mask of context targets for the LM loss: real, not policy-written, and not
+    one of `skip_ids` (the protocol tags: the policy must never learn to write
+    `<information>` itself, only to read what follows it)."""
+    targets = ids[:, 1:]
+    keep = attn[:, 1:].bool() & (target_mask == 0)
+    if skip_ids:
+        keep &= ~torch.isin(targets, torch.tensor(list(skip_ids), dtype=targets.dtype))
+    return keep.to(target_mask.dtype)
 
 
 def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: Sequence[Demo],
@@ -105,6 +121,7 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
         raise ValueError("no demonstrations to train on")
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    skip = [int(i) for i in tokenizer.all_special_ids]
     steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -119,7 +136,9 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
         rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_size):
             ids, attn, tmask = _collate([data[i] for i in order[b : b + cfg.batch_size]], pad_id)
-            loss = masked_nll(model, ids, attn, tmask, cfg.context_loss_weight)
+            cmask = (context_targets(ids, attn, tmask, skip)
+                     if cfg.context_loss_weight > 0.0 else None)
+            loss = masked_nll(model, ids, attn, tmask, cfg.context_loss_weight, cmask)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"SFT loss became {loss.item()} at step {result.steps}")
             opt.zero_grad(set_to_none=True)
