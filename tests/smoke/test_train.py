@@ -120,6 +120,19 @@ def test_resume_is_bit_for_bit(tmp_path: Path, init_dir: Path) -> None:
     assert (tmp_path / "full" / "curve.png").stat().st_size > 0
 
 
+def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path: Path, init_dir: Path) -> None:
+    cfg = _config(tmp_path)
+    ex = _examples()
+    train_grpo(cfg, ex, None, init_dir, tmp_path / "run",  # type: ignore[arg-type]
+               rollout_fn=fake_rollouts, progress=False, stop_after=2)
+    (ckpt,) = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    (ckpt / "model.safetensors").write_bytes(b"truncated")
+    with pytest.raises(TrainingError, match="no checkpoint passes verification"):
+        train_grpo(cfg, ex, None, init_dir, tmp_path / "run",  # type: ignore[arg-type]
+                   rollout_fn=fake_rollouts, progress=False)
+    assert ckpt.is_dir()  # the evidence is kept
+
+
 def test_nonfinite_rewards_skip_then_abort(tmp_path: Path, init_dir: Path) -> None:
     cfg = _config(tmp_path, max_nonfinite_steps=1, checkpoint_every=0)
 

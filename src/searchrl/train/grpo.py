@@ -294,6 +294,12 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         sampler.load_state_dict(state["sampler"])
         history = json.loads(state["history"])
         log.info("resumed from %s (step %d)", ckpt, start_step)
+    elif tcfg.resume and (bad := sorted(ckpt_root.glob("step_*"))):
+        # Every finished checkpoint failed verification: keep the evidence, never silently
+        # restart from step 0 over it.
+        raise TrainingError(
+            f"{ckpt_root}: no checkpoint passes verification ({', '.join(p.name for p in bad)});"
+            " inspect or remove them, or set train.resume=false to start over")
     elif ckpt_root.exists():
         # A fresh run must never resume into (or be pruned together with) an old run.
         shutil.rmtree(ckpt_root)
