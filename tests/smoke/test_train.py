@@ -133,6 +133,29 @@ def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path: Path, init_di
     assert ckpt.is_dir()  # the evidence is kept
 
 
+def test_periodic_reestimate_retires_solved_questions(tmp_path: Path, init_dir: Path) -> None:
+    base = _config(tmp_path, checkpoint_every=0)
+    cfg = base.model_copy(update={"curriculum": base.curriculum.model_copy(
+        update={"reestimate_every": 2})})
+    ex = _examples()[:6]
+
+    def always_right_on_q0(*args: Any, **kwargs: Any) -> RolloutBatch:
+        batch = fake_rollouts(*args, **kwargs)
+        for r in batch.records:
+            if r.example_id == ex[0].id:
+                r.correct = True
+        return batch
+
+    train_grpo(cfg, ex, None, init_dir, tmp_path / "re",  # type: ignore[arg-type]
+               rollout_fn=always_right_on_q0, progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "re" / "metrics.jsonl").read_text().split("\n")
+             if x]
+    at2 = lines[1]
+    assert at2["reestimate_solved_share"] >= 1 / 6
+    assert at2["pool_size"] == 6 - at2["reestimate_retired"] and at2["reestimate_retired"] >= 1
+    assert "reestimate_solved_share" not in lines[0]
+
+
 def test_nonfinite_rewards_skip_then_abort(tmp_path: Path, init_dir: Path) -> None:
     cfg = _config(tmp_path, max_nonfinite_steps=1, checkpoint_every=0)
 

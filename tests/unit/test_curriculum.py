@@ -111,3 +111,16 @@ def test_sampler_state_round_trips() -> None:
     b.load_state_dict(a.state_dict())
     assert [e.id for e in a.draw(4)] == [e.id for e in b.draw(4)] == ["q3", "q4", "q0", "q1"]
     assert a.epoch == 1
+
+
+def test_retire_removes_solved_keeps_cursor_and_round_trips() -> None:
+    ex = _examples(6)
+    sampler = RefillingSampler(pool=list(ex))
+    sampler.draw(3)  # next is q3
+    assert sampler.retire({"q1", "q4"}) == 2
+    assert [e.id for e in sampler.pool] == ["q0", "q2", "q3", "q5"]
+    resumed = RefillingSampler(pool=list(ex))
+    resumed.load_state_dict(sampler.state_dict())
+    assert [e.id for e in sampler.draw(3)] == [e.id for e in resumed.draw(3)] == ["q3", "q5", "q0"]
+    assert sampler.retire({e.id for e in ex}) == 3  # never empties the pool
+    assert len(sampler.pool) == 1

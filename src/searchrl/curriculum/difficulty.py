@@ -119,6 +119,7 @@ class RefillingSampler:
     position: int = 0
     epoch: int = 0
     solved_ids: set[str] = field(default_factory=set)
+    retired_ids: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if not self.pool:
@@ -141,11 +142,28 @@ class RefillingSampler:
             self.position += 1
             yield example
 
+    def retire(self, example_ids: set[str]) -> int:
+        """Remove questions the policy has solved from the pool (never the last one); the
+        cursor keeps pointing at the same next question. Returns how many were removed."""
+        keep = [ex for ex in self.pool if ex.id not in example_ids]
+        if not keep:
+            keep = self.pool[-1:]
+        removed_before = sum(1 for ex in self.pool[: self.position] if ex.id in example_ids)
+        removed = len(self.pool) - len(keep)
+        self.pool = keep
+        self.position = max(0, self.position - removed_before)
+        self.retired_ids |= {i for i in example_ids if i not in {ex.id for ex in keep}}
+        return removed
+
     def state_dict(self) -> dict[str, Any]:
         return {"position": self.position, "epoch": self.epoch,
-                "solved_ids": sorted(self.solved_ids)}
+                "solved_ids": sorted(self.solved_ids), "retired_ids": sorted(self.retired_ids)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        retired = set(state.get("retired_ids", []))
+        if retired:
+            self.pool = [ex for ex in self.pool if ex.id not in retired]
+        self.retired_ids = retired
         self.position = int(state["position"])
         self.epoch = int(state["epoch"])
         self.solved_ids = set(state.get("solved_ids", []))

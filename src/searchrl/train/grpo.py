@@ -49,7 +49,11 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from searchrl.config import PipelineConfig, load_config
-from searchrl.curriculum.difficulty import RefillingSampler, fill_informative_groups
+from searchrl.curriculum.difficulty import (
+    RefillingSampler,
+    estimate_difficulty,
+    fill_informative_groups,
+)
 from searchrl.data.io import atomic_write_text, read_passages, read_qa
 from searchrl.generation.hf import HFGenerator
 from searchrl.models.tiny import init_policy, load_policy
@@ -371,6 +375,19 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         else:
             metrics |= update
             losses.append(update["loss"])
+
+        # --- periodic difficulty re-estimate: retire questions the policy now always solves
+        every = config.curriculum.reestimate_every
+        if every and (step + 1) % every == 0 and step + 1 < end_step:
+            pool = list(sampler.pool)
+            estimate = rollout_fn(pool, generator, searcher, rcfg, config.reward,
+                                  group_size=group, seed=config.run.seed * 7_919 + step)
+            difficulties = estimate_difficulty(pool, estimate.records)
+            solved = {d.example_id for d in difficulties if d.pass_rate == 1.0}
+            retired = sampler.retire(solved)
+            metrics |= {"reestimate_solved_share": len(solved) / len(difficulties),
+                        "reestimate_retired": float(retired),
+                        "pool_size": float(len(sampler.pool))}
 
         # --- eval (greedy, for the learning curve) and logging
         if tcfg.eval_every and eval_examples and ((step + 1) % tcfg.eval_every == 0
