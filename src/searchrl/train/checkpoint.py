@@ -20,7 +20,6 @@ this pipeline wrote: the checksums are the guard).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from searchrl.data.io import content_sha256
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +84,6 @@ def _to_tuple(value: Any) -> Any:
 # --- files and checksums
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _fsync_tree(directory: Path) -> None:
     for path in sorted(directory.rglob("*")):
         if path.is_file():
@@ -135,7 +128,8 @@ def save_checkpoint(root: Path, step: int, engine: Any, trainer_state: dict[str,
         torch.save(engine.optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(state, tmp / "trainer_state.pt")
     _fsync_tree(tmp)
-    files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    files = {str(p.relative_to(tmp)): content_sha256(p)
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files,
                 "zero_stage": int(engine.zero_optimization_stage())}
     mpath = tmp / "manifest.json"
@@ -186,7 +180,7 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         file = Path(path) / name
         if not file.is_file():
             raise CheckpointError(f"{file}: listed in the manifest but missing")
-        if _sha256(file) != sha:
+        if content_sha256(file) != sha:
             raise CheckpointError(f"{file}: checksum mismatch (corrupt or modified)")
     return manifest
 
