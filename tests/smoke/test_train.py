@@ -4,7 +4,6 @@ non-finite handling, and one end-to-end step with the real rollout loop and BM25
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,78 +11,30 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.config import PipelineConfig, TinyModelConfig
+from searchrl.config import PipelineConfig
 from searchrl.data.synthetic import generate_world
 from searchrl.generation.base import SamplingParams
-from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
 from searchrl.train.grpo import TrainingError, train_grpo
-from searchrl.train.sft import save_policy
 from searchrl.types import QAExample
+from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
 pytestmark = pytest.mark.smoke
 
-WORLD_CFG = {"seed": 5, "n_people": 24, "n_cities": 8, "n_countries": 4,
-             "n_organisations": 6, "n_train": 24, "n_dev": 6, "n_test": 6}
 
 
 def _config(tmp: Path, **train: Any) -> PipelineConfig:
-    return PipelineConfig.model_validate({
-        "run": {"device": "cpu", "work_dir": str(tmp), "seed": 3},
-        "data": {"synthetic": WORLD_CFG},
-        "model": {"tiny": {"vocab_size": 300, "n_layer": 1, "n_embd": 32, "n_head": 2,
-                           "n_positions": 256}},
-        "rollout": {"group_size": 4, "max_turns": 2, "max_new_tokens_per_turn": 12,
-                    "max_response_tokens": 64, "top_k": 1, "info_token_budget": 24},
-        "curriculum": {"dynamic_filtering": False},
-        "train": {"steps": 4, "questions_per_step": 2, "micro_batch_size": 4, "lr": 1e-2,
-                  "kl_coef": 0.1, "checkpoint_every": 2, "keep_checkpoints": 3} | train,
-    })
+    return tiny_config(tmp, **train)
 
 
 @pytest.fixture(scope="module")
 def init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    world = generate_world(_config(Path("/tmp")).data.synthetic)
-    tok = train_tokenizer([p.contents for p in world.passages], vocab_size=300)
-    model = build_tiny_model(TinyModelConfig(vocab_size=300, n_layer=1, n_embd=32, n_head=2,
-                                             n_positions=256), tok, seed=0)
-    out = tmp_path_factory.mktemp("init") / "policy"
-    save_policy(model, tok, out)
-    return out
+    return build_init_policy(tmp_path_factory.mktemp("init") / "policy")
 
 
 def _examples() -> list[QAExample]:
-    return generate_world(_config(Path("/tmp")).data.synthetic).splits["train"]
-
-
-def fake_rollouts(examples: Sequence[QAExample], generator: Any, searcher: Any,
-                  rollout_cfg: Any, reward_cfg: Any, *, group_size: int, greedy: bool = False,
-                  seed: int = 0, mode: str = "agentic", reward_override: float | None = None
-                  ) -> RolloutBatch:
-    """Sample 4 tokens, insert 3 'retrieved' tokens (mask 0), sample 4 more; reward = share of
-    even token ids the policy sampled (varies within a group, so there is something to learn)."""
-    tok = generator.tokenizer
-    params = SamplingParams(max_new_tokens=4)
-    records = []
-    for i, ex in enumerate(examples):
-        prompt = list(tok(ex.question, add_special_tokens=False)["input_ids"])
-        ctxs = [prompt] * group_size
-        first = generator.generate(ctxs, params, seed=seed * 97 + i)
-        inserted = [5, 6, 7]
-        ctxs2 = [prompt + o.token_ids + inserted for o in first]
-        second = generator.generate(ctxs2, params, seed=seed * 97 + i + 50)
-        for g, (a, b) in enumerate(zip(first, second, strict=True)):
-            sampled = a.token_ids + b.token_ids
-            reward = sum(t % 2 == 0 for t in sampled) / len(sampled)
-            records.append(RolloutRecord(
-                example_id=ex.id, sample_index=g, prompt_ids=prompt,
-                response_ids=a.token_ids + inserted + b.token_ids,
-                loss_mask=[1] * len(a.token_ids) + [0] * 3 + [1] * len(b.token_ids),
-                old_logprobs=a.logprobs + [0.0] * 3 + b.logprobs, text="", turns=2,
-                reward=reward if reward_override is None else reward_override,
-                correct=reward > 0.5))
-    return RolloutBatch(records=records, stats={"time_generation_s": 0.0})
+    return train_examples()
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
