@@ -64,7 +64,23 @@ def _row_limits(n: int, params: SamplingParams, limits: Sequence[int] | None) ->
     return [min(params.max_new_tokens, int(x)) for x in limits]
 
 
-class HFGenerator:
+class _HFBackend:
+    """What both transformers backends expose of the model they drive."""
+
+    model: PreTrainedModel
+    _tok: PreTrainedTokenizerBase
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tok
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if value is not None else None
+
+
+class HFGenerator(_HFBackend):
     """Batched decoding with the KV cache kept across turns (see the module docstring)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -82,15 +98,6 @@ class HFGenerator:
         # Work counters (tokens run through the model), for benchmarks and stats.
         self.prefill_tokens = 0
         self.decode_tokens = 0
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self._tok
-
-    @property
-    def max_context_tokens(self) -> int | None:
-        value = getattr(self.model.config, "max_position_embeddings", None)
-        return int(value) if value is not None else None
 
     def release(self) -> None:
         self._state = None
@@ -274,7 +281,7 @@ class _TextStop(StoppingCriteria):
         return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
 
 
-class HFFullContextGenerator:
+class HFFullContextGenerator(_HFBackend):
     """Reference backend: per sample, `model.generate` over the full context every call.
 
     No state is kept between calls; `keys` are ignored. Same stop rules and logprob
@@ -287,15 +294,6 @@ class HFFullContextGenerator:
         self.model = model
         self._tok = tokenizer
         self.device = torch.device(device)
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self._tok
-
-    @property
-    def max_context_tokens(self) -> int | None:
-        value = getattr(self.model.config, "max_position_embeddings", None)
-        return int(value) if value is not None else None
 
     def release(self) -> None:
         return None
