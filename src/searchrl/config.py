@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -244,6 +244,11 @@ class RewardConfig(_Section):
     format_weight: float = Field(0.1, ge=0.0, le=1.0)
     # Subtracted per search the policy issued.
     search_cost: float = Field(0.0, ge=0.0)
+    # "all": every completion pays. "correct": only answers that score pay, scaled by the
+    # score, so a wrong answer is never better than a right one and, in the many all-wrong
+    # groups of a weak start, fewer searches is not what the advantages teach (with "all",
+    # cost 0.05 on the tiny default drove the policy to never search).
+    search_cost_applies_to: Literal["all", "correct"] = "all"
     # Reward when the answer is correct but the format is broken.
     correct_bad_format: float = Field(0.8, ge=0.0, le=1.0)
 
@@ -268,13 +273,33 @@ class CurriculumConfig(_Section):
 # --- stage 4: training
 
 
+ImperfectKind = Literal["skipped_search", "wrong_hop"]
+IMPERFECT_KINDS: tuple[ImperfectKind, ...] = ("skipped_search", "wrong_hop")
+
+
 class SFTConfig(_Section):
+    @field_validator("imperfect_kinds")
+    @classmethod
+    def _kinds_weighted(cls, value: dict[ImperfectKind, float]) -> dict[ImperfectKind, float]:
+        if any(w < 0 for w in value.values()) or not sum(value.values()) > 0:
+            raise ValueError("imperfect_kinds weights must be >= 0 with a positive sum, got "
+                             f"{value}")
+        return value
+
+
     enabled: bool = True
     epochs: int = 3
     lr: float = 1e-3
     batch_size: int = 16
     imperfect_fraction: float = Field(0.2, ge=0.0, le=1.0)
-    n_demos: int = 800
+    # Relative weights of the imperfect kinds (train/demos.py): `skipped_search` stops the
+    # chain early and answers the entity reached, `wrong_hop` searches it all and answers an
+    # earlier hop's entity.
+    imperfect_kinds: dict[ImperfectKind, float] = Field(
+        default_factory=lambda: dict.fromkeys(IMPERFECT_KINDS, 1.0))
+    # Demos from the train split (0: only extra worlds, so no name RL trains on was an SFT
+    # output target).
+    n_demos: int = Field(800, ge=0)
     # Share of demos in the no_search / retrieve_once formats (so those baselines are real).
     baseline_fraction: float = Field(0.0, ge=0.0, le=1.0)
     # Demos from `extra_worlds` freshly generated synthetic worlds (data.synthetic with other

@@ -73,6 +73,20 @@ def test_score_combines_as_configured() -> None:
     assert forced.format == 0.0 and forced.total == pytest.approx(0.7 - 0.1)
 
 
+def test_search_cost_on_correct_answers_only_never_ranks_wrong_above_right() -> None:
+    cfg = RewardConfig(format_weight=0.0, search_cost=0.05, search_cost_applies_to="correct")
+    wrong = GOOD.replace("Tornis", "Veskia")
+    assert score(GOOD, ["Tornis"], 3, cfg).total == pytest.approx(1.0 - 0.15)
+    assert score(GOOD, ["Tornis"], 1, cfg).total == pytest.approx(1.0 - 0.05)
+    # Wrong answers pay nothing, however many searches: searching less is no way out.
+    assert score(wrong, ["Tornis"], 4, cfg).total == 0.0
+    assert score(wrong, ["Tornis"], 0, cfg).total == 0.0
+    f1_cfg = cfg.model_copy(update={"kind": "f1"})
+    partial = GOOD.replace("Tornis", "Tornis city")
+    graded = f1("Tornis city", ["Tornis"])
+    assert score(partial, ["Tornis"], 2, f1_cfg).total == pytest.approx(graded * (1 - 0.1))
+
+
 def test_f1_kind_grades_partial_answers() -> None:
     text = "<answer> Tornis city </answer>"
     em_parts = score(text, ["Tornis"], 0, RewardConfig(kind="em", format_weight=0.0))

@@ -75,6 +75,20 @@ def test_imperfect_demos_answer_wrong_and_share_is_configurable() -> None:
     assert 0.35 < share < 0.65
 
 
+def test_imperfect_kinds_weights_pick_the_kind() -> None:
+    train = WORLD.splits["train"]
+    only_skips, stats = build_demos(train, PASSAGES, TitleSearcher(WORLD.passages),
+                                    prompt_fn=prompt, imperfect_fraction=1.0, n_demos=40, seed=3,
+                                    imperfect_kinds={"skipped_search": 1.0, "wrong_hop": 0.0})
+    assert set(stats.kinds) == {"skipped_search"} and len(only_skips) == 40
+    assert all(d.text.count("<search>") < d.hops for d in only_skips)
+    with pytest.raises(DemoError, match="imperfect_kinds"):
+        build_demos(train, PASSAGES, TitleSearcher(WORLD.passages), prompt_fn=prompt,
+                    imperfect_kinds={"skipped_search": 0.0, "wrong_hop": 0.0})
+    with pytest.raises(ValueError, match="imperfect_kinds"):
+        SFTConfig(imperfect_kinds={"skipped_search": -1.0, "wrong_hop": 2.0})
+
+
 def test_examples_without_a_chain_are_skipped_and_counted() -> None:
     good = WORLD.splits["train"][0]
     bad = QAExample(id="x", question="Who?", golden_answers=("A",), supporting_doc_ids=("nope",))

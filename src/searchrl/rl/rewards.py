@@ -9,7 +9,8 @@ Shaped reward (Search-R1 with format reward, generalised to a graded answer scor
 
     well-formed:  format_weight + (1 - format_weight) * a      (a=1 -> 1, a=0 -> format_weight)
     malformed:    correct_bad_format * a                        (a=1 -> lambda, a=0 -> 0)
-    total = that - search_cost * n_searches
+    total = that - search_cost * n_searches                 (search_cost_applies_to: all)
+    total = that - a * search_cost * n_searches             (search_cost_applies_to: correct)
 
 `is_correct` (binary normalised EM of the extracted answer) is kept separate: curriculum
 filtering and evaluation use it, never the shaped reward.
@@ -142,6 +143,8 @@ def score(completion_text: str, golden_answers: Sequence[str], n_searches: int,
     else:
         shaped = reward_cfg.correct_bad_format * graded
     penalty = reward_cfg.search_cost * n_searches
+    if reward_cfg.search_cost_applies_to == "correct":
+        penalty *= graded
     return RewardParts(total=shaped - penalty, em=em, f1=f1_value, format=fmt,
                        answered=float(answer is not None), search_penalty=penalty)
 

@@ -96,6 +96,7 @@ def _chain_titles(ex: QAExample, passages: Mapping[str, Passage]) -> list[str] |
 def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
                 searcher: Searcher, *, prompt_fn: PromptFn, info_fn: InfoFn = default_information,
                 top_k: int = 1, imperfect_fraction: float = 0.2, n_demos: int | None = None,
+                imperfect_kinds: Mapping[str, float] | None = None,
                 seed: int = 0, eos: str = "", baseline_fraction: float = 0.0,
                 answer_open: str = "<answer>") -> tuple[list[Demo], DemoStats]:
     """Demonstrations for (cycling through) `examples`, `n_demos` of them (default: one each).
@@ -104,13 +105,20 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
     chain passage the searcher does not return are skipped and counted in the stats, never
     rendered with an answer the policy could not have read. A `baseline_fraction` share is in
     the no-search / retrieve-once formats (half each; `answer_open` is the template's
-    opener), the rest agentic, of which `imperfect_fraction` is imperfect. Deterministic
+    opener), the rest agentic, of which `imperfect_fraction` is imperfect, of each kind in
+    proportion to `imperfect_kinds` (default: skipped_search and wrong_hop alike). Deterministic
     given `seed`.
     """
     for name, value in (("imperfect_fraction", imperfect_fraction),
                         ("baseline_fraction", baseline_fraction)):
         if not 0.0 <= value <= 1.0:
             raise DemoError(f"{name} must be in [0, 1], got {value}")
+    weights = dict(imperfect_kinds or {"skipped_search": 1.0, "wrong_hop": 1.0})
+    if set(weights) - {"skipped_search", "wrong_hop"} or not sum(weights.values()) > 0 or any(
+            w < 0 for w in weights.values()):
+        raise DemoError("imperfect_kinds: weights >= 0 with a positive sum for skipped_search /"
+                        f" wrong_hop, got {weights}")
+    kinds, kind_weights = list(weights), list(weights.values())
     rng = random.Random(seed)
     stats = DemoStats()
     usable: list[tuple[QAExample, list[str]]] = []
@@ -156,7 +164,7 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
             stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
             continue
         if rng.random() < imperfect_fraction:
-            kind = rng.choice(["skipped_search", "wrong_hop"])
+            kind = rng.choices(kinds, kind_weights)[0]  # type: ignore[assignment]
         demo = _render(ex, titles, hits, kind, rng, prompt_fn, info_fn, all_titles, eos)
         demos.append(demo)
         stats.kinds[kind] = stats.kinds.get(kind, 0) + 1

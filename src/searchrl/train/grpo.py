@@ -147,6 +147,7 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
         demo_kwargs: dict[str, Any] = {
             "prompt_fn": build_prompt, "info_fn": information_block,
             "top_k": config.rollout.top_k, "imperfect_fraction": cfg.imperfect_fraction,
+            "imperfect_kinds": cfg.imperfect_kinds,
             "baseline_fraction": cfg.baseline_fraction, "answer_open": ANSWER_OPEN}
         demos, stats = build_demos(train_examples, {p.id: p for p in passages}, searcher,
                                    n_demos=cfg.n_demos, seed=config.run.seed, **demo_kwargs)
