@@ -15,11 +15,19 @@ On reaching it the driver writes `--marker` (atomically) and sleeps; nothing els
 
 Without --pause-at the run finishes and prints one JSON line (steps_done, resumed_from,
 losses). `--init` without `--out` builds the tiny starting policy instead.
+
+Several ranks (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment, one process
+each): ZeRO-2, dynamic filtering without refills, and on rank 1 every second question of a
+rollout call gets one constant reward, so rank 1 has fewer informative groups (and
+micro-batches) than rank 0. `--trace FILE` appends one JSON line per rollout call (rank,
+question ids, sha256 of the weights the rollouts sampled with); `--stop-after N` stops after
+N steps of this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -45,7 +53,36 @@ STEPS, CHECKPOINT_EVERY = 4, 2
 
 
 def config(work_dir: Path) -> PipelineConfig:
-    return tiny_config(work_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return tiny_config(work_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    cfg = tiny_config(work_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY,
+                      zero_stage=2, questions_per_step=4)
+    curriculum = cfg.curriculum.model_copy(update={"dynamic_filtering": True,
+                                                   "max_refill_rounds": 0})
+    return cfg.model_copy(update={"curriculum": curriculum})
+
+
+def traced_rollouts(trace: Path | None) -> Any:
+    """fake_rollouts, uneven across ranks and optionally traced (see the module docstring)."""
+    rank = int(os.environ.get("RANK", "0"))
+
+    def rollouts(examples: Any, generator: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = fake_rollouts(examples, generator, *args, **kwargs)
+        group = kwargs["group_size"]
+        if rank == 1:
+            for i, record in enumerate(batch.records):
+                if (i // group) % 2 == 1:
+                    record.reward = 0.25
+        if trace is not None:
+            sha = hashlib.sha256()
+            for name, tensor in sorted(generator.model.state_dict().items()):
+                sha.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
+            with trace.open("a") as fh:
+                fh.write(json.dumps({"rank": rank, "ids": [e.id for e in examples],
+                                     "weights": sha.hexdigest()}) + "\n")
+        return batch
+
+    return rollouts
 
 
 examples = train_examples
@@ -112,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--pause-at", default=None)
     parser.add_argument("--marker", type=Path, default=None)
+    parser.add_argument("--trace", type=Path, default=None)
+    parser.add_argument("--stop-after", type=int, default=None)
     args = parser.parse_args(argv)
     # One intra-op thread: fast on a shared CPU, and the same reduction order in every run.
     torch.set_num_threads(1)
@@ -126,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         _arm(args.pause_at, args.marker)
     from searchrl.train.grpo import train_grpo
 
-    result = train_grpo(config(args.out), examples(), None,
-                        args.init, args.out, rollout_fn=fake_rollouts, progress=False)
+    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rollouts = traced_rollouts(args.trace) if multi or args.trace else fake_rollouts
+    result = train_grpo(config(args.out), examples(), None, args.init, args.out,
+                        rollout_fn=rollouts, progress=False, stop_after=args.stop_after)
     print(json.dumps({"steps_done": result.steps_done, "resumed_from": result.resumed_from,
                       "losses": result.losses}))
     return 0

@@ -3,6 +3,7 @@ non-finite handling, and one end-to-end step with the real rollout loop and BM25
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 from searchrl.config import PipelineConfig
 from searchrl.data.synthetic import generate_world
 from searchrl.generation.base import SamplingParams
+from searchrl.generation.hf import HFGenerator
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
 from searchrl.train.grpo import TrainingError, train_grpo
@@ -69,6 +71,61 @@ def test_resume_is_bit_for_bit(tmp_path: Path, init_dir: Path) -> None:
         assert key in lines[-1], key
     assert 0 < lines[-1]["mask_coverage"] < 1  # inserted tokens are not policy tokens
     assert (tmp_path / "full" / "curve.png").stat().st_size > 0
+
+
+class OwnCopyGenerator:
+    """A rollout backend holding its own copy of the weights, as vLLM does: it sees training
+    only through `update_weights`."""
+
+    def __init__(self, rollout_cfg: Any, model: torch.nn.Module, tokenizer: Any, *,
+                 device: str = "cpu", model_path: Path | None = None) -> None:
+        self.copy = copy.deepcopy(model)
+        self.inner = HFGenerator(self.copy, tokenizer, device)
+        self.syncs = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        return self.inner.max_context_tokens
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.generate(*args, **kwargs)
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        self.copy.load_state_dict(model.state_dict())
+        self.syncs += 1
+
+
+def test_a_backend_with_its_own_weights_is_synced_every_step_and_on_resume(
+        tmp_path: Path, init_dir: Path) -> None:
+    cfg, ex = _config(tmp_path), _examples()
+    made: list[OwnCopyGenerator] = []
+
+    def factory(*args: Any, **kwargs: Any) -> OwnCopyGenerator:
+        made.append(OwnCopyGenerator(*args, **kwargs))
+        return made[-1]
+
+    def run(out: str, **kw: Any) -> Any:
+        return train_grpo(cfg, ex, None, init_dir, tmp_path / out,  # type: ignore[arg-type]
+                          rollout_fn=fake_rollouts, progress=False, **kw)
+
+    in_process = run("hf")
+    synced = run("copy", generator_factory=factory)
+    # Sampling from the copy gives exactly the in-process run: it always had the live weights.
+    assert made[0].syncs == 4 and synced.losses == in_process.losses
+    final = _weights(tmp_path / "copy")
+    assert all(torch.equal(made[0].copy.state_dict()[k], final[k]) for k in final)
+    run("resumed", generator_factory=factory, stop_after=2)
+    resumed = run("resumed", generator_factory=factory)
+    # The resumed run's fresh backend got the checkpoint's weights before its first rollout.
+    assert resumed.resumed_from == 2 and made[-1].syncs == 1 + 2
+    assert resumed.losses == in_process.losses
 
 
 def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path: Path, init_dir: Path) -> None:

@@ -16,6 +16,11 @@ ZeRO stages 1-3 partition optimizer state across ranks; for those the optimizer/
 is saved with DeepSpeed's own `save_checkpoint` inside the same temp dir (its files are
 checksummed like ours; DeepSpeed's loader unpickles them, so only resume from checkpoints
 this pipeline wrote: the checksums are the guard).
+
+Several ranks (one shared filesystem): every rank writes its own `trainer_state.pt`
+(`trainer_state_rank{r}.pt` for r > 0: each rank samples its own shard of questions), rank 0
+alone makes the temp dir, the replicated ZeRO-0 weights, the manifest and the rename, with
+barriers between; the manifest records the world size and resuming with another refuses.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from searchrl.data.io import content_sha256
+from searchrl.train.ds import barrier, rank, world_size
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +101,10 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"{_PREFIX}{step:06d}"
 
 
+def state_file(rank_no: int) -> str:
+    return "trainer_state.pt" if rank_no == 0 else f"trainer_state_rank{rank_no}.pt"
+
+
 def _uses_native_zero(engine: Any) -> bool:
     return int(engine.zero_optimization_stage()) > 0
 
@@ -107,12 +117,15 @@ def save_checkpoint(root: Path, step: int, engine: Any, trainer_state: dict[str,
     loop needs to continue); the scheduler and RNG states are added here.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    me, lead = rank(), rank() == 0
     final = step_dir(root, step)
     tmp = root / f".{final.name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    if lead:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    barrier()
     state = dict(trainer_state)
     state["rng"] = capture_rng()
     state["step"] = step
@@ -120,26 +133,30 @@ def save_checkpoint(root: Path, step: int, engine: Any, trainer_state: dict[str,
         state["scheduler"] = engine.lr_scheduler.state_dict()
     if _uses_native_zero(engine):
         engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
-    else:
+    elif lead:
         module = engine.module
         weights = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
         # Tied embeddings appear twice in the state dict; safetensors stores shared storage once.
         save_file(_dedupe_shared(weights), str(tmp / "model.safetensors"))
         torch.save(engine.optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(state, tmp / "trainer_state.pt")
-    _fsync_tree(tmp)
-    files = {str(p.relative_to(tmp)): content_sha256(p)
-             for p in sorted(tmp.rglob("*")) if p.is_file()}
-    manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files,
-                "zero_stage": int(engine.zero_optimization_stage())}
-    mpath = tmp / "manifest.json"
-    mpath.write_text(json.dumps(manifest, indent=2))
-    with mpath.open("rb") as fh:
-        os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    _prune(root, keep)
+    torch.save(state, tmp / state_file(me))
+    barrier()
+    if lead:
+        _fsync_tree(tmp)
+        files = {str(p.relative_to(tmp)): content_sha256(p)
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files,
+                    "zero_stage": int(engine.zero_optimization_stage()),
+                    "world_size": world_size()}
+        mpath = tmp / "manifest.json"
+        mpath.write_text(json.dumps(manifest, indent=2))
+        with mpath.open("rb") as fh:
+            os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _prune(root, keep)
+    barrier()
     return final
 
 
@@ -217,7 +234,12 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
         raise CheckpointError(f"{path}: written with ZeRO stage {manifest['zero_stage']}, the "
                               f"engine runs stage {engine.zero_optimization_stage()}; resume "
                               "with the same train.zero_stage or start fresh (train.resume=false)")
-    state: dict[str, Any] = _safe_load(path / "trainer_state.pt")
+    if int(manifest.get("world_size", 1)) != world_size():
+        raise CheckpointError(f"{path}: written by {manifest.get('world_size', 1)} ranks, this "
+                              f"run has {world_size()} (each rank samples its own question "
+                              "shard); resume with the same number of ranks or start fresh "
+                              "(train.resume=false)")
+    state: dict[str, Any] = _safe_load(path / state_file(rank()))
     if _uses_native_zero(engine):
         engine.load_checkpoint(str(path / "deepspeed"), tag="state",
                                load_lr_scheduler_states=False)

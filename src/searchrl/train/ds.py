@@ -2,8 +2,12 @@
 
 On CPU (`DS_ACCELERATOR=cpu`) the trainer is its own single rank: we set the rendezvous
 environment (loopback address, a free port, rank 0 of 1) and initialise gloo, so no launcher
-is needed. On GPUs the `deepspeed` launcher sets the same variables for every rank and we
-only call `init_distributed` with nccl.
+is needed (several CPU ranks work too when RANK/WORLD_SIZE/MASTER_* are set, as the
+multi-rank test does). On GPUs the `deepspeed` launcher sets the same variables for every
+rank and we only call `init_distributed` with nccl.
+
+The small collectives below (`rank`, `barrier`, `all_reduce`) are no-ops in one process, so
+the trainer calls them unconditionally.
 
 The engine gets a plain torch AdamW as client optimizer and our LR schedule; DeepSpeed owns
 gradient accumulation, clipping and ZeRO partitioning. A JSON config (`train.deepspeed_config`,
@@ -17,9 +21,10 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -62,6 +67,44 @@ def world_size() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return int(torch.distributed.get_world_size())
     return 1
+
+
+def rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        torch.distributed.barrier()
+
+
+def all_reduce(values: Sequence[float], op: Literal["sum", "max", "min"] = "sum"
+               ) -> list[float]:
+    """Element-wise reduction of `values` over ranks (every rank must pass as many)."""
+    if world_size() == 1:
+        return [float(v) for v in values]
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,
+           "min": torch.distributed.ReduceOp.MIN}
+    # gloo reduces CPU tensors; nccl needs them on the rank's GPU.
+    device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor, op=ops[op])
+    return [float(v) for v in tensor.cpu()]
+
+
+@contextmanager
+def full_parameters(engine: Any) -> Iterator[None]:
+    """Inside, `engine.module` holds its whole parameters on every rank (ZeRO-3 gathers its
+    partitions; other stages already do): for weight sync to a generator and final saves."""
+    if int(engine.zero_optimization_stage()) == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            yield
+    else:
+        yield
 
 
 def ds_config(cfg: TrainConfig, samples_per_step: int, device: str,

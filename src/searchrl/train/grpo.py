@@ -1,10 +1,22 @@
 """The GRPO trainer, top down: setup -> (rollout -> reward -> advantage -> update)* -> save.
 
 One optimizer step per rollout batch: `questions_per_step` questions x `group_size` samples
-are rolled out with the live policy (the generator holds the engine's module, so the weights
-it samples with are always the ones just updated: the in-process weight sync on CPU), scored,
-turned into group-relative advantages, and used for `ppo_epochs` passes of micro-batches
-through the DeepSpeed engine, which accumulates gradients and steps once.
+are rolled out with the live policy, scored, turned into group-relative advantages, and used
+for `ppo_epochs` passes of micro-batches through the DeepSpeed engine, which accumulates
+gradients and steps once.
+
+Weight sync: the `hf` generator holds the engine's module, so it always samples with the
+weights just updated (in-process, nothing to copy); the `vllm` generator owns a copy, which
+gets the engine's parameters after every optimizer step and after a resume
+(`generator.update_weights`, gathered first under ZeRO-3).
+
+Several ranks (`deepspeed --num_gpus N`, or N gloo processes on CPU): rank r samples its own
+shard of the curriculum (every N-th question from r, order kept), rolls out
+`questions_per_step / N` questions with its own seeds, and the loss is normalised by the
+token count of all ranks, so the averaged gradient is the single-process one. Ranks run the
+same number of micro-batches (a rank short of informative groups runs zero-weight ones:
+ZeRO-2 reduces gradients inside every backward), agree on skipping a non-finite step, and
+rank 0 alone writes metrics, evaluates, and saves the policy.
 
 The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
 - advantage: group mean baseline, divided by the group std (`train.std_normalize`; off ->
@@ -55,7 +67,8 @@ from searchrl.curriculum.difficulty import (
     fill_informative_groups,
 )
 from searchrl.data.io import atomic_write_text, read_passages, read_qa
-from searchrl.generation.hf import HFGenerator
+from searchrl.generation.base import Generator
+from searchrl.generation.factory import make_generator
 from searchrl.models.tiny import init_policy, load_policy
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.advantages import advantage_stats, group_advantages
@@ -66,7 +79,7 @@ from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.tracking import MetricsSink, NullSink
 from searchrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from searchrl.train.demos import SearcherFactory, build_demos, world_demos
-from searchrl.train.ds import build_engine
+from searchrl.train.ds import all_reduce, barrier, build_engine, full_parameters, rank, world_size
 from searchrl.train.sft import run_sft, save_policy
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
 from searchrl.types import Passage, QAExample, SearchHit
@@ -74,6 +87,11 @@ from searchrl.types import Passage, QAExample, SearchHit
 log = logging.getLogger(__name__)
 
 RolloutFn = Callable[..., RolloutBatch]
+GeneratorFactory = Callable[..., Generator]
+# Per-step metrics averaged over ranks (each rank rolls out its own questions).
+_RANK_MEAN_KEYS = ("correct_rate", "searches_per_rollout", "format_rate", "response_tokens",
+                   "mask_coverage", "search_errors", "reward_mean", "reward_std",
+                   "zero_variance_fraction", "groups_used")
 SFT_KEY_FILE = "searchrl_sft.json"
 SFT_STATS_FILE = "searchrl_sft_stats.json"
 # Bumped when the demonstration text format changes, so an old cold start is not reused.
@@ -236,7 +254,7 @@ def _ref_logprobs(ref: PreTrainedModel | None, batch: PackedBatch, temperature: 
         return token_logprobs(out.logits.float() / temperature, batch.input_ids)
 
 
-def greedy_eval(examples: Sequence[QAExample], generator: HFGenerator, searcher: Searcher,
+def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,
                 config: PipelineConfig, rollout_fn: RolloutFn = run_rollouts,
                 mode: str = "agentic") -> dict[str, float]:
     """Greedy EM and searches per question, overall and by hop count (for the curve)."""
@@ -256,7 +274,8 @@ def greedy_eval(examples: Sequence[QAExample], generator: HFGenerator, searcher:
 def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], searcher: Searcher,
                init_dir: Path, out_dir: Path, *, sink: MetricsSink | None = None,
                eval_examples: Sequence[QAExample] = (), rollout_fn: RolloutFn = run_rollouts,
-               stop_after: int | None = None, progress: bool = True) -> TrainResult:
+               stop_after: int | None = None, progress: bool = True,
+               generator_factory: GeneratorFactory = make_generator) -> TrainResult:
     """GRPO from the policy in `init_dir`; writes under `out_dir`:
 
         policy/          final policy (save_pretrained + tokenizer)
@@ -267,7 +286,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     Resumes from the newest verified checkpoint when `train.resume`. `stop_after` ends the
     loop after that many steps of this call (for tests and preemption drills); the policy is
     then not saved as final. Raises TrainingError after `train.max_nonfinite_steps` skipped
-    steps.
+    steps. `generator_factory(rollout_cfg, model, tokenizer, device=, model_path=)` builds the
+    rollout backend (default: `rollout.backend`).
     """
     sink = sink or NullSink()
     tcfg, rcfg = config.train, config.rollout
@@ -287,9 +307,22 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         ref.train(False)
         for p in ref.parameters():
             p.requires_grad_(False)
+    if tcfg.zero_stage == 3 and rcfg.backend == "hf":
+        raise TrainingError("train.zero_stage=3 partitions the weights the hf rollout backend "
+                            "generates with (an all-gather per token); use rollout.backend=vllm "
+                            "or train.zero_stage<=2")
     engine = build_engine(model, tcfg, tcfg.questions_per_step * group, device)
-    generator = HFGenerator(engine.module, tokenizer, device)
-    sampler = RefillingSampler(pool=list(train_examples), seed=config.run.seed)
+    n_ranks, me = world_size(), rank()
+    lead = me == 0
+    if tcfg.questions_per_step % n_ranks or len(train_examples) < n_ranks:
+        raise TrainingError(f"train.questions_per_step={tcfg.questions_per_step} and the "
+                            f"{len(train_examples)} training questions must split over "
+                            f"{n_ranks} ranks")
+    questions_per_rank = tcfg.questions_per_step // n_ranks
+    generator = generator_factory(rcfg, engine.module, tokenizer, device=device,
+                                  model_path=init_dir)
+    sampler = RefillingSampler(pool=list(train_examples)[me::n_ranks],
+                               seed=config.run.seed + me)
     pad_id = int(tokenizer.pad_token_id)
 
     start_step, skipped, history = 0, 0, []
@@ -298,6 +331,7 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         start_step, skipped = int(state["step"]), int(state["skipped"])
         sampler.load_state_dict(state["sampler"])
         history = json.loads(state["history"])
+        _sync_weights(generator, engine)
         log.info("resumed from %s (step %d)", ckpt, start_step)
     elif tcfg.resume and (bad := sorted(ckpt_root.glob("step_*"))):
         # Every finished checkpoint failed verification: keep the evidence, never silently
@@ -305,15 +339,18 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         raise TrainingError(
             f"{ckpt_root}: no checkpoint passes verification ({', '.join(p.name for p in bad)});"
             " inspect or remove them, or set train.resume=false to start over")
-    elif ckpt_root.exists():
+    elif ckpt_root.exists() and lead:
         # A fresh run must never resume into (or be pruned together with) an old run.
         shutil.rmtree(ckpt_root)
+    barrier()
+    if not lead:
+        sink = NullSink()
     sink.log_params({"train": tcfg.model_dump(mode="json"), "device": device,
                      "zero_stage": int(engine.zero_optimization_stage()),
-                     "resumed_from_step": start_step})
+                     "world_size": n_ranks, "resumed_from_step": start_step})
 
     end_step = tcfg.steps if stop_after is None else min(tcfg.steps, start_step + stop_after)
-    bar = tqdm(range(start_step, end_step), desc="grpo", disable=not progress,
+    bar = tqdm(range(start_step, end_step), desc="grpo", disable=not (progress and lead),
                initial=start_step, total=tcfg.steps)
     losses: list[float] = [h["loss"] for h in history if "loss" in h]
     for step in bar:
@@ -328,18 +365,17 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
             # Seeded by step and call, not by global RNG state: resume replays it exactly.
             b = rollout_fn(examples, generator, searcher, rcfg, config.reward,
                            group_size=group, seed=(config.run.seed * 1_000_003 + _step) * 31
-                           + _calls[0])
+                           + _calls[0] + 7_777_777 * me)
             _calls[0] += 1
             _batches.append(b)
             return b.records
 
         if config.curriculum.dynamic_filtering:
             groups, fill = fill_informative_groups(
-                sampler, tcfg.questions_per_step, group, roll,
-                config.curriculum.max_refill_rounds)
+                sampler, questions_per_rank, group, roll, config.curriculum.max_refill_rounds)
             records = [r for g in groups for r in g]
         else:
-            records = roll(sampler.draw(tcfg.questions_per_step))
+            records = roll(sampler.draw(questions_per_rank))
             fill = {}
         all_records = [r for b in batches for r in b.records]
         metrics = _rollout_metrics(batches[0], all_records)
@@ -354,13 +390,29 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
                     "groups_used": len(records) / group}
         metrics |= {f"fill_{k}": v for k, v in fill.items() if k != "zero_variance_fraction"}
 
+        if n_ranks > 1:
+            means = all_reduce([metrics.get(k, 0.0) for k in _RANK_MEAN_KEYS])
+            metrics |= {k: v / n_ranks for k, v in zip(_RANK_MEAN_KEYS, means, strict=True)}
+
         # --- advantages
         rewards = torch.tensor([r.reward for r in records], dtype=torch.float32)
         advantages = (group_advantages(rewards, group, std_normalize=tcfg.std_normalize)
                       if records else rewards)
-        update = _update(engine, ref, records, advantages, pad_id, config) if (
-            records and bool(torch.isfinite(advantages).all())) else None
-        if update is None and not records:
+        # Every rank takes the same branch: any rank with data -> all update (a rank without
+        # runs zero-weight micro-batches on its first group); any non-finite -> all skip.
+        anyone_has, all_finite = all_reduce([float(bool(records))], "max")[0], all_reduce(
+            [float(bool(torch.isfinite(advantages).all()))], "min")[0]
+        update = None
+        if anyone_has and all_finite:
+            if records:
+                update = _update(engine, ref, records, advantages, pad_id, config)
+            else:
+                filler = all_records[:group]
+                update = _update(engine, ref, filler, torch.zeros(len(filler)), pad_id, config,
+                                 weight=0.0)
+        if update is not None:
+            _sync_weights(generator, engine)
+        if update is None and not anyone_has:
             log.warning("step %d: no group with reward variance; nothing to learn", step)
             metrics["skipped"] = 1.0
         elif update is None:
@@ -382,7 +434,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         if every and (step + 1) % every == 0 and step + 1 < end_step:
             pool = list(sampler.pool)
             estimate = rollout_fn(pool, generator, searcher, rcfg, config.reward,
-                                  group_size=group, seed=config.run.seed * 7_919 + step)
+                                  group_size=group,
+                                  seed=config.run.seed * 7_919 + step + 7_777_777 * me)
             difficulties = estimate_difficulty(pool, estimate.records)
             solved = {d.example_id for d in difficulties if d.pass_rate == 1.0}
             retired = sampler.retire(solved)
@@ -391,8 +444,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
                         "pool_size": float(len(sampler.pool))}
 
         # --- eval (greedy, for the learning curve) and logging
-        if tcfg.eval_every and eval_examples and ((step + 1) % tcfg.eval_every == 0
-                                                  or step + 1 == tcfg.steps):
+        if lead and tcfg.eval_every and eval_examples and ((step + 1) % tcfg.eval_every == 0
+                                                           or step + 1 == tcfg.steps):
             ev = greedy_eval(eval_examples, generator, searcher, config, rollout_fn)
             metrics |= {f"dev_{k}": v for k, v in ev.items()}
             metrics["dev_em"] = ev["em_all"]
@@ -400,7 +453,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         metrics["lr"] = float(engine.get_lr()[0])
         sink.log_metrics(metrics, step=step + 1)
         history.append({"step": step + 1, **metrics})
-        atomic_write_text(metrics_path, "".join(json.dumps(h) + "\n" for h in history))
+        if lead:
+            atomic_write_text(metrics_path, "".join(json.dumps(h) + "\n" for h in history))
         bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
                         acc=f"{metrics['correct_rate']:.2f}",
                         srch=f"{metrics['searches_per_rollout']:.1f}")
@@ -417,28 +471,51 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     policy_dir = out_dir / "policy"
     curve: Path | None = None
     if steps_done >= tcfg.steps:
-        save_policy(engine.module, tokenizer, policy_dir)
-        curve = plot_curve(history, out_dir / "curve.png")
+        with full_parameters(engine):
+            if lead:
+                save_policy(engine.module, tokenizer, policy_dir)
+        if lead:
+            curve = plot_curve(history, out_dir / "curve.png")
+        barrier()
     return TrainResult(policy_dir=policy_dir, sft_dir=init_dir, metrics_path=metrics_path,
                        curve_path=curve, steps_done=steps_done, resumed_from=start_step,
                        skipped_steps=skipped, seconds=time.perf_counter() - started,
                        losses=losses, final_metrics=history[-1] if history else {})
 
 
+def _sync_weights(generator: Generator, engine: Any) -> None:
+    """Push the engine's parameters into a generator that keeps its own copy (vLLM); the hf
+    generator shares the engine's module and has no `update_weights`."""
+    update_weights = getattr(generator, "update_weights", None)
+    if update_weights is not None:
+        with full_parameters(engine):
+            update_weights(engine.module)
+
+
 def _update(engine: Any, ref: PreTrainedModel | None, records: Sequence[RolloutRecord],
-            advantages: torch.Tensor, pad_id: int, config: PipelineConfig
-            ) -> dict[str, float] | None:
+            advantages: torch.Tensor, pad_id: int, config: PipelineConfig, *,
+            weight: float = 1.0) -> dict[str, float] | None:
     """`ppo_epochs` passes of micro-batches, one optimizer step; None if a loss was
-    non-finite (gradients discarded, no optimizer step)."""
+    non-finite on any rank (gradients discarded, no optimizer step).
+
+    The loss denominator is the mean over ranks of their denominators, so after DeepSpeed
+    averages the ranks' gradients the result is the all-rank token mean. Every rank runs the
+    largest micro-batch count of any rank (repeating its last micro-batch at weight 0).
+    `weight=0` makes every micro-batch a zero-weight one (a rank with nothing to learn).
+    """
     tcfg = config.train
     packed = pack_records(records, advantages, pad_id)
-    denom = aggregate_denominator(packed.loss_mask, tcfg.loss_agg)
+    n_ranks = world_size()
+    denom = all_reduce([aggregate_denominator(packed.loss_mask, tcfg.loss_agg)])[0] / n_ranks
     slices = _micro_slices(len(records), tcfg.micro_batch_size)
+    n_real = len(slices)
+    n_micro = int(all_reduce([float(n_real)], "max")[0])
+    slices += [slices[-1]] * (n_micro - n_real)
     t0 = time.perf_counter()
     # The policy that sampled is softmax(logits / T): ratios, KL and entropy use the same
     # distribution as the sampler's old log-probs (`generation.base.sample_next`).
     temperature = config.rollout.temperature
-    refs = [_ref_logprobs(ref, packed.slice(a, b), temperature) for a, b in slices]
+    refs = [_ref_logprobs(ref, packed.slice(a, b), temperature) for a, b in slices[:n_real]]
     t_logprobs = time.perf_counter() - t0
     olds: list[torch.Tensor] = []
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0,
@@ -454,17 +531,18 @@ def _update(engine: Any, ref: PreTrainedModel | None, records: Sequence[RolloutR
             logp = token_logprobs(logits, mb.input_ids)
             if epoch == 0:
                 olds.append(logp.detach())
-            out = grpo_loss(logp, olds[k], refs[k], mb.advantages, mb.loss_mask,
+            out = grpo_loss(logp, olds[k], refs[min(k, n_real - 1)], mb.advantages, mb.loss_mask,
                             clip_eps=tcfg.clip_eps, kl_coef=tcfg.kl_coef, agg=tcfg.loss_agg,
-                            denominator=denom)
-            if not bool(torch.isfinite(out.loss)):
+                            denominator=max(denom, 1e-9))
+            if not all_reduce([float(bool(torch.isfinite(out.loss)))], "min")[0]:
                 engine.zero_grad()
                 return None
+            real = weight > 0.0 and k < n_real
             last = epoch == tcfg.ppo_epochs - 1 and k == len(slices) - 1
             engine.set_gradient_accumulation_boundary(last)
-            engine.backward(out.loss, scale_wrt_gas=False)
+            engine.backward(out.loss if real else out.loss * 0.0, scale_wrt_gas=False)
             engine.step()
-            if epoch == tcfg.ppo_epochs - 1:
+            if epoch == tcfg.ppo_epochs - 1 and real:
                 share = float(mb.loss_mask.sum()) / max(tokens, 1.0)
                 with torch.no_grad():
                     ent = token_entropy(logits.detach())

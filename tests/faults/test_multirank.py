@@ -1,0 +1,98 @@
+"""The trainer over two ranks: two gloo processes on CPU running the real trainer with
+DeepSpeed ZeRO-2 (tests/faults/_driver.py), the layout `deepspeed --num_gpus 2` gives on GPUs.
+
+Rank 1 gets fewer informative groups than rank 0 every step (the driver makes half its
+groups zero-variance, no refills), so the ranks run different numbers of real micro-batches:
+without the trainer padding them, ZeRO-2's per-backward gradient reduction would hang.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.faults.test_trainer_faults import RUN_TIMEOUT_S, _driver, _env
+from tests.train_fixture import build_init_policy
+
+pytestmark = pytest.mark.smoke
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(init: Path, out: Path, trace: Path, *extra: str) -> list[dict[str, Any]]:
+    """Both ranks of one run; each one's result JSON (rank order)."""
+    port = str(_free_port())
+    procs, logs = [], []
+    for rank in (0, 1):
+        env = _env() | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        logs.append((out.parent / f"{out.name}.rank{rank}.log").open("w"))
+        procs.append(subprocess.Popen(
+            _driver("--init", str(init), "--out", str(out), "--trace", str(trace), *extra),
+            env=env, stdout=subprocess.PIPE, stderr=logs[-1], text=True))
+    results = []
+    try:
+        for rank, proc in enumerate(procs):
+            stdout, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+            log = (out.parent / f"{out.name}.rank{rank}.log").read_text()
+            assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+            results.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+        for fh in logs:
+            fh.close()
+    return results
+
+
+def _trace(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_init_policy(tmp_path_factory.mktemp("init") / "policy")
+
+
+def test_two_ranks_shard_questions_stay_in_sync_and_resume_exactly(
+        tmp_path: Path, init_dir: Path) -> None:
+    full = _launch(init_dir, tmp_path / "full", tmp_path / "full.trace")
+    assert [r["steps_done"] for r in full] == [4, 4]
+    calls = _trace(tmp_path / "full.trace")
+    by_rank = {r: [c for c in calls if c["rank"] == r] for r in (0, 1)}
+    assert len(by_rank[0]) == len(by_rank[1]) == 4  # one rollout call per step, no refills
+    # Each rank samples its own shard: no question is rolled out by both.
+    ids = {r: {i for c in by_rank[r] for i in c["ids"]} for r in (0, 1)}
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+    # Both ranks sample with the same weights at every step, and those weights change.
+    assert [c["weights"] for c in by_rank[0]] == [c["weights"] for c in by_rank[1]]
+    assert len({c["weights"] for c in by_rank[0]}) == 4
+    ckpt = tmp_path / "full" / "checkpoints" / "step_000004"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["zero_stage"] == 2
+    assert {"trainer_state.pt", "trainer_state_rank1.pt"} <= set(manifest["files"])
+    # Only rank 0 writes the metrics: one line per step, not two.
+    assert len((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()) == 4
+
+    part = _launch(init_dir, tmp_path / "part", tmp_path / "part.trace", "--stop-after", "2")
+    assert [r["steps_done"] for r in part] == [2, 2]
+    resumed = _launch(init_dir, tmp_path / "part", tmp_path / "part.trace")
+    assert [r["resumed_from"] for r in resumed] == [2, 2]
+    assert resumed[0]["losses"] == full[0]["losses"]
+    again = _trace(tmp_path / "part.trace")
+    for r in (0, 1):
+        assert [c for c in again if c["rank"] == r] == by_rank[r]
+    a = load_file(str(tmp_path / "full" / "policy" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
