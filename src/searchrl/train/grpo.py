@@ -79,7 +79,15 @@ from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.tracking import MetricsSink, NullSink
 from searchrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from searchrl.train.demos import SearcherFactory, build_demos, world_demos
-from searchrl.train.ds import all_reduce, barrier, build_engine, full_parameters, rank, world_size
+from searchrl.train.ds import (
+    all_reduce,
+    barrier,
+    build_engine,
+    full_parameters,
+    init_distributed,
+    rank,
+    world_size,
+)
 from searchrl.train.sft import run_sft, save_policy
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
 from searchrl.types import Passage, QAExample, SearchHit
@@ -618,6 +626,11 @@ def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path
     passages = read_passages(corpus_path)
     sft_examples = read_qa(sft_train_path) if sft_train_path else train
     t0 = time.perf_counter()
+    # Several ranks: rank 0 builds (or finds) the cold start, the others then reuse its key.
+    init_distributed(resolve_device(config))
+    if rank() == 0:
+        cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
+    barrier()
     sft_dir = cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
     sft_seconds = _sft_seconds(sft_dir, time.perf_counter() - t0)
     dev = read_qa(dev_path)[: config.train.eval_questions] if dev_path else []
