@@ -309,6 +309,9 @@ class SFTConfig(_Section):
     # Weight of the language-modelling loss on context tokens (prompt, passages) of the demos;
     # teaches a from-scratch model to copy names from its context (0: policy tokens only).
     context_loss_weight: float = Field(0.0, ge=0.0)
+    # Also language-model every corpus passage (context loss only, in the rollout's
+    # `<information>` layout): a from-scratch model's stand-in for having read its corpus.
+    corpus_lm: bool = False
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     # A demo longer than this raises (truncation would cut the answer the demo is for).

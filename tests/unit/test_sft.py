@@ -11,7 +11,7 @@ from searchrl.config import SFTConfig, SyntheticWorldConfig, TinyModelConfig
 from searchrl.data.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.actions import Answer, Search, parse_action
-from searchrl.train.demos import DemoError, build_demos, world_demos
+from searchrl.train.demos import DemoError, build_demos, corpus_documents, world_demos
 from searchrl.train.sft import context_targets, masked_nll, run_sft, tokenize_demo
 from searchrl.types import Passage, QAExample, SearchHit
 
@@ -87,6 +87,17 @@ def test_imperfect_kinds_weights_pick_the_kind() -> None:
                     imperfect_kinds={"skipped_search": 0.0, "wrong_hop": 0.0})
     with pytest.raises(ValueError, match="imperfect_kinds"):
         SFTConfig(imperfect_kinds={"skipped_search": -1.0, "wrong_hop": 2.0})
+
+
+def test_corpus_documents_are_context_only_in_the_rollout_layout() -> None:
+    docs = corpus_documents(WORLD.passages)
+    assert len(docs) == len(WORLD.passages)
+    assert all(not trainable for d in docs for _, trainable in d.segments)
+    first = WORLD.passages[0]
+    assert docs[0].text.startswith("<information>") and first.contents in docs[0].text
+    tok = train_tokenizer([p.contents for p in WORLD.passages], vocab_size=300)
+    tokenized = tokenize_demo(docs[0], tok, max_len=1024)
+    assert sum(tokenized.loss_mask) == 0  # language-modelling text, never a policy target
 
 
 def test_examples_without_a_chain_are_skipped_and_counted() -> None:

@@ -46,7 +46,8 @@ from searchrl.data.synthetic import generate_world
 from searchrl.retrieval.base import Searcher
 from searchrl.types import Passage, QAExample, SearchHit
 
-DemoKind = Literal["gold", "skipped_search", "wrong_hop", "no_search", "retrieve_once"]
+DemoKind = Literal["gold", "skipped_search", "wrong_hop", "no_search", "retrieve_once",
+                   "corpus"]
 PromptFn = Callable[[str], str]
 InfoFn = Callable[[Sequence[SearchHit]], str]
 SearcherFactory = Callable[[Sequence[Passage]], Searcher]
@@ -170,6 +171,17 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
         stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
     stats.built = len(demos)
     return demos, stats
+
+
+def corpus_documents(passages: Sequence[Passage], info_fn: InfoFn = default_information
+                     ) -> list[Demo]:
+    """Every passage as a context-only "demo" in the `<information>` layout rollouts insert:
+    language-modelling text (no policy tokens), the stand-in for a base model having read
+    its retrieval corpus (as real LLMs have read Wikipedia)."""
+    return [Demo(example_id=f"corpus:{p.id}", kind="corpus", hops=0, answer="",
+                 segments=((info_fn([SearchHit(doc_id=p.id, title=p.title or "",
+                                                contents=p.contents, score=0.0)]), False),))
+            for p in passages]
 
 
 def _render(ex: QAExample, titles: list[str], hits: Mapping[str, list[SearchHit]],

@@ -78,7 +78,7 @@ from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.tracking import MetricsSink, NullSink
 from searchrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from searchrl.train.demos import SearcherFactory, build_demos, world_demos
+from searchrl.train.demos import SearcherFactory, build_demos, corpus_documents, world_demos
 from searchrl.train.ds import (
     all_reduce,
     barrier,
@@ -182,6 +182,8 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
             exclude_names={p.title for p in passages if p.title},
             n_demos=cfg.extra_world_demos, **demo_kwargs)
         demos += extra
+        if cfg.corpus_lm:
+            demos += corpus_documents(passages, information_block)
         stats.built += extra_stats.built
         for kind, n in extra_stats.kinds.items():
             stats.kinds[kind] = stats.kinds.get(kind, 0) + n
