@@ -2,8 +2,9 @@
 DeepSpeed ZeRO-2 (tests/faults/_driver.py), the layout `deepspeed --num_gpus 2` gives on GPUs.
 
 Rank 1 gets fewer informative groups than rank 0 every step (the driver makes half its
-groups zero-variance, no refills), so the ranks run different numbers of real micro-batches:
-without the trainer padding them, ZeRO-2's per-backward gradient reduction would hang.
+groups zero-variance, no refills), so the ranks have different numbers of real
+micro-batches; the trainer pads them to one count because ZeRO-2 reduces gradients inside
+each backward, a collective every rank must join.
 """
 
 from __future__ import annotations
