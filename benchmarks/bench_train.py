@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,10 +29,12 @@ import torch
 
 from searchrl.config import load_config
 from searchrl.data.synthetic import generate_world
+from searchrl.eval.metrics import paired_bootstrap_delta
 from searchrl.generation.hf import HFGenerator
 from searchrl.models.tiny import load_policy
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
+from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.train.grpo import cold_start, greedy_eval, train_grpo
 
 
@@ -84,10 +87,27 @@ def main(argv: list[str] | None = None) -> int:
         test = world.splits["test"]
         systems = [("sft", sft, "agentic"), ("no_search", sft, "no_search"),
                    ("retrieve_once", sft, "retrieve_once"), ("grpo", result.policy_dir, "agentic")]
+        correct: dict[str, list[float]] = {}
         for name, policy, mode in systems:
             model, tok = load_policy(policy)
-            ev = greedy_eval(test, HFGenerator(model, tok), searcher, config, mode=mode)
+            batches: list[RolloutBatch] = []
+
+            def capture(*a: Any, _out: list[RolloutBatch] = batches, **k: Any) -> RolloutBatch:
+                _out.append(run_rollouts(*a, **k))
+                return _out[-1]
+
+            ev = greedy_eval(test, HFGenerator(model, tok), searcher, config, mode=mode,
+                             rollout_fn=capture)
+            correct[name] = [float(r.correct) for r in batches[-1].records]
             print(name, json.dumps({k: round(v, 3) for k, v in sorted(ev.items())}))
+        # Paired over the same questions (greedy, so one record per question, test order).
+        for label, keep in (("all", [True] * len(test)),
+                            *((f"hop{h}", [e.hops == h for e in test]) for h in (1, 2, 3))):
+            pick = [i for i, k in enumerate(keep) if k]
+            delta = paired_bootstrap_delta([correct["grpo"][i] for i in pick],
+                                           [correct["sft"][i] for i in pick], samples=2000)
+            print(f"grpo - sft EM {label}: {delta.mean * 100:+.1f} points, 95% CI "
+                  f"[{delta.lo * 100:+.1f}, {delta.hi * 100:+.1f}] (n={delta.n})")
         print("curve:", result.curve_path)
     return 0
 
