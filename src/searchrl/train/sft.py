@@ -7,9 +7,11 @@ are 0), exactly as rollouts build theirs. A from-scratch model may add `context_
 times the token-mean NLL of the context tokens (prompt and passages): plain language
 modelling on text that repeats names ("X. X is a painter. X was born in Y.") is what teaches
 a tiny transformer to copy from its context, which masked SFT alone (a few target tokens per
-demo) does not within a CPU budget. The context is only ever demonstration text (train
-questions and the passages their chains retrieve), never the evaluation split's. For a real
-base model SFT is optional (`train.sft.enabled`); nothing here assumes the tiny model.
+demo) does not within a CPU budget. Questions and answers are only ever training demos, never
+the evaluation split's; with `train.sft.corpus_lm` the retrieval corpus itself (which holds
+every split's facts, as Wikipedia does for a real base model) is language-modelled too, and
+the no-search baseline measures whether any fact was memorised from it. For a real base model
+SFT is optional (`train.sft.enabled`); nothing here assumes the tiny model.
 """
 
 from __future__ import annotations
