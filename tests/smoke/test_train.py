@@ -128,6 +128,25 @@ def test_a_backend_with_its_own_weights_is_synced_every_step_and_on_resume(
     assert resumed.losses == in_process.losses
 
 
+def test_checkpoints_of_a_different_run_are_moved_aside_not_resumed(
+        tmp_path: Path, init_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ex, out = _examples(), tmp_path / "run"
+    first = train_grpo(_config(tmp_path), ex, None, init_dir, out,  # type: ignore[arg-type]
+                       rollout_fn=fake_rollouts, progress=False, stop_after=2)
+    assert first.steps_done == 2
+    changed = _config(tmp_path, lr=5e-3)  # the work dir is the same, the run is not
+    with caplog.at_level("WARNING"):
+        second = train_grpo(changed, ex, None, init_dir, out,  # type: ignore[arg-type]
+                            rollout_fn=fake_rollouts, progress=False, stop_after=2)
+    assert second.resumed_from == 0 and "different run" in caplog.text
+    aside = sorted(out.glob("checkpoints.superseded-*"))
+    assert len(aside) == 1 and (aside[0] / "step_000002").is_dir()  # evidence kept
+    # Only operational settings changed (more steps): that is the same run, it resumes.
+    longer = train_grpo(_config(tmp_path, lr=5e-3, steps=6), ex, None,  # type: ignore[arg-type]
+                        init_dir, out, rollout_fn=fake_rollouts, progress=False)
+    assert longer.resumed_from == 2 and longer.steps_done == 6
+
+
 def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path: Path, init_dir: Path) -> None:
     cfg = _config(tmp_path)
     ex = _examples()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -102,6 +103,7 @@ _RANK_MEAN_KEYS = ("correct_rate", "searches_per_rollout", "format_rate", "respo
                    "zero_variance_fraction", "groups_used")
 SFT_KEY_FILE = "searchrl_sft.json"
 SFT_STATS_FILE = "searchrl_sft_stats.json"
+RUN_KEY_FILE = "run_key.json"
 # Bumped when the demonstration text format changes, so an old cold start is not reused.
 DEMO_FORMAT_VERSION = 2
 
@@ -336,6 +338,17 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     pad_id = int(tokenizer.pad_token_id)
 
     start_step, skipped, history = 0, 0, []
+    # Checkpoints of another run (other config, start policy or questions) are never resumed:
+    # they are moved aside (kept as evidence) and this run starts at step 0.
+    run_key = _run_key(config, train_examples, init_dir, n_ranks)
+    key_path = ckpt_root / RUN_KEY_FILE
+    if (lead and tcfg.resume and any(ckpt_root.glob("step_*"))
+            and (not key_path.is_file() or key_path.read_text() != run_key)):
+        aside = ckpt_root.with_name(f"checkpoints.superseded-{time.strftime('%Y%m%dT%H%M%S')}")
+        ckpt_root.rename(aside)
+        log.warning("%s holds checkpoints of a different run (config, start policy or "
+                    "questions changed); moved to %s, starting at step 0", ckpt_root, aside)
+    barrier()
     if tcfg.resume and (ckpt := latest_checkpoint(ckpt_root)) is not None:
         state = load_checkpoint(ckpt, engine)
         start_step, skipped = int(state["step"]), int(state["skipped"])
@@ -352,6 +365,9 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     elif ckpt_root.exists() and lead:
         # A fresh run must never resume into (or be pruned together with) an old run.
         shutil.rmtree(ckpt_root)
+    if lead and not key_path.is_file():
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(key_path, run_key)
     barrier()
     if not lead:
         sink = NullSink()
@@ -491,6 +507,28 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
                        curve_path=curve, steps_done=steps_done, resumed_from=start_step,
                        skipped_steps=skipped, seconds=time.perf_counter() - started,
                        losses=losses, final_metrics=history[-1] if history else {})
+
+
+# Train settings that may change between a run and its resume (how long, how often to save
+# or evaluate); every other setting is part of the run's identity.
+_OPERATIONAL_TRAIN_KEYS = {"steps", "checkpoint_every", "keep_checkpoints", "resume",
+                           "eval_every", "eval_questions", "max_nonfinite_steps", "sft"}
+
+
+def _run_key(config: PipelineConfig, train_examples: Sequence[QAExample], init_dir: Path,
+             n_ranks: int) -> str:
+    """What a checkpoint must match to be resumed: the settings that shape training, the
+    start policy (its cold-start key, else its files' names and sizes) and the questions."""
+    cfg = config.to_dict()
+    key_file = init_dir / SFT_KEY_FILE
+    init = (key_file.read_text() if key_file.is_file() else
+            sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
+    payload = {"model": cfg["model"], "rollout": cfg["rollout"], "reward": cfg["reward"],
+               "curriculum": cfg["curriculum"], "seed": config.run.seed, "ranks": n_ranks,
+               "train": {k: v for k, v in cfg["train"].items()
+                         if k not in _OPERATIONAL_TRAIN_KEYS},
+               "init": init, "questions": [e.id for e in train_examples]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _sync_weights(generator: Generator, engine: Any) -> None:
