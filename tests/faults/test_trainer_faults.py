@@ -150,7 +150,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, init_dir: Path
         out / "policy" / "model.safetensors")
     assert any(not torch.equal(start[k], end[k]) for k in start)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
-        "step_000002", "step_000004"]
+        "run_key.json", "step_000002", "step_000004"]
     return result, out
 
 
