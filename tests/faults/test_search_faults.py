@@ -21,28 +21,19 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig, TinyModelConfig
+from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig
 from searchrl.generation.hf import HFGenerator
-from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.retrieval.client import RetrievalClient
-from searchrl.rl.prompts import build_prompt
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.types import QAExample
+from tests.tagged_policy import WORDS, demo_tokenizer
+from tests.tagged_policy import searching_model as train_searching_model
 
 RETRIES = 2  # so every search call is exactly 3 HTTP requests
-WORDS = [f"w{i}" for i in range(60)]
-DEMO = ("{prompt}<think> look up {a} </think><search> {a} </search>\n<information>Doc 1 "
-        "{a} is {b}</information>\n<think> then {b} </think><search> {b} </search>\n"
-        "<information>Doc 1 {b} is {c}</information>\n<answer> {c} </answer><eos>")
 EXAMPLES = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
                       golden_answers=(WORDS[i + 1],)) for i in range(3)]
 ROLLOUT = RolloutConfig(max_turns=2, max_new_tokens_per_turn=14, max_response_tokens=400,
                         top_k=1, info_token_budget=300)
-
-
-def _demo(i: int) -> str:
-    a, b, c = WORDS[i % 60], WORDS[(i * 7 + 3) % 60], WORDS[(i * 13 + 5) % 60]
-    return DEMO.format(prompt=build_prompt(f"what about {a}?"), a=a, b=b, c=c)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,26 +47,13 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def tok() -> PreTrainedTokenizerBase:
-    tokenizer: PreTrainedTokenizerBase = train_tokenizer([_demo(i) for i in range(200)], 400)
-    return tokenizer
+    return demo_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def searching_model(tok: PreTrainedTokenizerBase) -> PreTrainedModel:
     """A tiny model briefly trained on tag-structured demos, so its rollouts search."""
-    model: PreTrainedModel = build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4),
-                                              tok, seed=2)
-    batch = tok([_demo(i) for i in range(8)], return_tensors="pt", padding=True)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(60):
-        loss = model(**batch, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.train(False)
-    return model
+    return train_searching_model(tok)
 
 
 # --- a tiny retrieval service that fails on purpose

@@ -12,20 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from searchrl.config import RewardConfig, RolloutConfig, TinyModelConfig
 from searchrl.generation.base import SamplingParams, StopChecker, sample_next
 from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
-from searchrl.models.tiny import build_tiny_model, train_tokenizer
-from searchrl.rl.prompts import build_prompt
+from searchrl.models.tiny import build_tiny_model
 from searchrl.rl.rollout import run_rollouts
 from searchrl.types import QAExample, SearchHit
-
-WORDS = [f"w{i}" for i in range(60)]
-DEMO = ("{prompt}<think> look up {a} </think><search> {a} </search>\n<information>Doc 1 "
-        "{a} is {b}</information>\n<think> then {b} </think><search> {b} </search>\n"
-        "<information>Doc 1 {b} is {c}</information>\n<answer> {c} </answer><eos>")
-
-
-def _demo(i: int) -> str:
-    a, b, c = WORDS[i % 60], WORDS[(i * 7 + 3) % 60], WORDS[(i * 13 + 5) % 60]
-    return DEMO.format(prompt=build_prompt(f"what about {a}?"), a=a, b=b, c=c)
+from tests.tagged_policy import WORDS, demo_tokenizer, searching_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,7 +29,7 @@ def _one_thread():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def tok():  # type: ignore[no-untyped-def]
-    return train_tokenizer([_demo(i) for i in range(200)], 400)
+    return demo_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -50,18 +40,7 @@ def random_model(tok):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def tagged_model(tok):  # type: ignore[no-untyped-def]
     """A tiny model briefly trained on tag-structured demos, so greedy rollouts search."""
-    model = build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4), tok, seed=2)
-    batch = tok([_demo(i) for i in range(8)], return_tensors="pt", padding=True)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(60):
-        loss = model(**batch, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    return model
+    return searching_model(tok)
 
 
 def _contexts(tok, texts):  # type: ignore[no-untyped-def]

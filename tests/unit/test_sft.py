@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from searchrl.config import SFTConfig, SyntheticWorldConfig, TinyModelConfig
 from searchrl.data.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.actions import Answer, Search, parse_action
-from searchrl.train.demos import DemoError, build_demos, corpus_documents, world_demos
+from searchrl.train.demos import Demo, DemoError, build_demos, corpus_documents, world_demos
 from searchrl.train.sft import context_targets, masked_nll, run_sft, tokenize_demo
 from searchrl.types import Passage, QAExample, SearchHit
 
@@ -133,14 +134,18 @@ def test_tokenized_mask_covers_policy_tokens_only() -> None:
         tokenize_demo(demos[0], tok, max_len=5)
 
 
+def _one_demo_batch(demo: Demo, tok: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids, attention mask and policy-target mask ([1, L-1]) of one demo, for masked_nll."""
+    td = tokenize_demo(demo, tok, max_len=1024)
+    ids = torch.tensor([td.input_ids])
+    return ids, torch.ones_like(ids), torch.tensor([td.loss_mask[1:]], dtype=torch.float32)
+
+
 def test_sft_lowers_the_masked_loss() -> None:
     demos, _ = build_demos(WORLD.splits["train"], PASSAGES, TitleSearcher(WORLD.passages),
                            prompt_fn=prompt, imperfect_fraction=0.0, n_demos=48, seed=0)
     model, tok = _tiny([d.text for d in demos])
-    td = tokenize_demo(demos[0], tok, max_len=1024)
-    ids = torch.tensor([td.input_ids])
-    attn = torch.ones_like(ids)
-    tmask = torch.tensor([td.loss_mask[1:]], dtype=torch.float32)
+    ids, attn, tmask = _one_demo_batch(demos[0], tok)
     before = float(masked_nll(model, ids, attn, tmask).detach())
     result = run_sft(model, tok, demos, SFTConfig(epochs=4, lr=3e-3, batch_size=8), seed=0)
     after = float(masked_nll(model, ids, attn, tmask).detach())
@@ -197,10 +202,7 @@ def test_context_loss_adds_the_weighted_context_nll() -> None:
     demos, _ = build_demos(WORLD.splits["train"][:3], PASSAGES, TitleSearcher(WORLD.passages),
                            prompt_fn=prompt, imperfect_fraction=0.0)
     model, tok = _tiny([d.text for d in demos])
-    td = tokenize_demo(demos[0], tok, max_len=1024)
-    ids = torch.tensor([td.input_ids])
-    attn = torch.ones_like(ids)
-    tmask = torch.tensor([td.loss_mask[1:]], dtype=torch.float32)
+    ids, attn, tmask = _one_demo_batch(demos[0], tok)
     policy_only = float(masked_nll(model, ids, attn, tmask).detach())
     context_only = float(masked_nll(model, ids, attn, torch.zeros_like(tmask), 1.0).detach())
     both = float(masked_nll(model, ids, attn, tmask, 0.5).detach())
