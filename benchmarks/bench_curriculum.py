@@ -25,7 +25,8 @@ from searchrl.contracts.validate import validate_gold_labels
 from searchrl.curriculum.stage import run_curriculum
 from searchrl.data.io import read_passages, read_qa
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
-from searchrl.tracking import NullSink, end_run, start_child_run, start_parent_run
+from searchrl.sinks import NullSink
+from searchrl.tracking import end_run, start_child_run, start_parent_run
 from searchrl.train.grpo import cold_start, train_grpo
 
 

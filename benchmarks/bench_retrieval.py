@@ -50,7 +50,7 @@ from searchrl.retrieval.bm25 import BM25Index  # noqa: E402
 from searchrl.retrieval.client import RetrievalClient  # noqa: E402
 from searchrl.retrieval.dense import Encoder, build_faiss, faiss_params  # noqa: E402
 from searchrl.retrieval.index_store import build_index  # noqa: E402
-from searchrl.tracking import NullSink  # noqa: E402
+from searchrl.sinks import NullSink  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HOTPOT = ROOT / "data" / "hotpotqa_train100"

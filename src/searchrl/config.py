@@ -325,7 +325,14 @@ class TrainConfig(_Section):
     weight_decay: float = 0.0
     clip_eps: float = 0.2
     kl_coef: float = 0.01
-    ppo_epochs: int = 1
+    # PPO updates per rollout batch: each rank's share is split into `ppo_mini_batches`
+    # mini-batches, one optimizer step each (gradients accumulated over its micro-batches of
+    # `micro_batch_size`), and the pass repeats `ppo_epochs` times (mini-batch order shuffled
+    # per epoch, seeded by step). The ratio to the sampling policy is 1 on the first mini-batch
+    # and clipped to [1 - clip_eps, 1 + clip_eps] after. 1 and 1: one step, ratio exactly 1.
+    # `warmup_steps` counts optimizer steps (ppo_epochs * ppo_mini_batches per step).
+    ppo_epochs: int = Field(1, ge=1)
+    ppo_mini_batches: int = Field(1, ge=1)
     micro_batch_size: int = 16
     loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     std_normalize: bool = True

@@ -8,7 +8,13 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class StagePaths:
+    """Stage directories under the work dir, made absolute: references passed between stages
+    (and cached across processes) must not depend on the working directory."""
+
     work_dir: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work_dir", Path(self.work_dir).resolve())
 
     @property
     def source_dir(self) -> Path:

@@ -1,26 +1,26 @@
 """The one module that imports mlflow.
 
-A `MetricsSink` is what stages and the trainer log to. `MlflowSink` writes to one explicit run
-through `MlflowClient` (no global "active run", so Prefect task threads and the trainer
-subprocess cannot log into the wrong run); `NullSink` is for library use without tracking.
+`MlflowSink` implements `searchrl.sinks.MetricsSink` (what stages and the trainer log to)
+against one explicit run through `MlflowClient` (no global "active run", so Prefect task
+threads and the trainer ranks cannot log into the wrong run).
 One parent run per pipeline run, one child run per stage, the parent run id passed explicitly.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import mlflow
 from mlflow.tracking import MlflowClient
+
+from searchrl.sinks import MetricsSink, NullSink
 
 PARENT_TAG = "mlflow.parentRunId"
 STAGE_TAG = "searchrl.stage"
@@ -28,49 +28,6 @@ STAGE_TAG = "searchrl.stage"
 
 class TrackingError(RuntimeError):
     """The tracking store cannot be reached or used; raised before any expensive work starts."""
-
-
-class MetricsSink(Protocol):
-    @property
-    def run_id(self) -> str | None: ...
-
-    def log_params(self, params: Mapping[str, Any]) -> None: ...
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
-
-    def set_tags(self, tags: Mapping[str, str]) -> None: ...
-
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
-
-    def log_dict(self, data: Any, artifact_file: str) -> None: ...
-
-    def log_text(self, text: str, artifact_file: str) -> None: ...
-
-
-class NullSink:
-    """Discards everything; `run_id` is None."""
-
-    @property
-    def run_id(self) -> str | None:
-        return None
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        return None
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        return None
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        return None
-
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        return None
-
-    def log_dict(self, data: Any, artifact_file: str) -> None:
-        return None
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        return None
 
 
 class MlflowSink:
@@ -107,9 +64,6 @@ class MlflowSink:
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         self.client.log_dict(self._run_id, data, artifact_file)
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self._run_id, text, artifact_file)
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self._run_id, status=status)
@@ -233,25 +187,6 @@ def child_runs(uri: str, parent_run_id: str) -> list[dict[str, Any]]:
     return [{"run_id": r.info.run_id, "stage": r.data.tags.get(STAGE_TAG),
              "status": r.info.status, "metrics": dict(r.data.metrics),
              "params": dict(r.data.params)} for r in runs]
-
-
-def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    client = MlflowClient(tracking_uri=uri)
-    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
-
-
-def download_artifacts(uri: str, run_id: str, artifact_path: str, dst: Path) -> Path:
-    dst.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(
-        run_id=run_id, artifact_path=artifact_path, dst_path=str(dst), tracking_uri=uri))
-
-
-def write_json_artifact(sink: MetricsSink, data: Any, name: str) -> None:
-    """Log a JSON artifact through a temp file (works for any sink)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name
-        path.write_text(json.dumps(data, indent=2, default=str))
-        sink.log_artifact(path)
 
 
 # --- model registry (champion / challenger)

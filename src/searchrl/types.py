@@ -7,7 +7,6 @@ Stages never pass DataFrames, indexes, tensors or models: only these references
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -59,17 +58,24 @@ class SearchHit:
 
 
 # --- references passed between pipeline stages
+#
+# Every reference lists the files it stands for in `files` (path -> content fingerprint as
+# `searchrl.data.io.fingerprint` computes it when the stage finished), so a cached reference
+# can be checked against the disk before it is reused (`searchrl.stages.ref_is_current`).
 
 
 @dataclass(frozen=True)
 class DatasetRef:
-    """A validated dataset: split name -> file path, with manifests as fingerprints."""
+    """A validated dataset: split name -> file path (extra eval sets as `extra_eval:<name>`),
+    the main corpus and the extra corpora (name -> path) the extra eval sets are searched in."""
 
     paths: dict[str, str]
     fingerprints: dict[str, str]
     corpus_path: str
     corpus_fingerprint: str
     fingerprint: str
+    extra_corpora: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
     report_path: str | None = None
 
@@ -79,6 +85,7 @@ class IndexRef:
     index_dir: str
     fingerprint: str
     retriever: str
+    files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
 
 
@@ -88,6 +95,7 @@ class CurriculumRef:
     fingerprint: str
     difficulty_path: str | None = None
     dropped_path: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
 
 
@@ -98,6 +106,7 @@ class CheckpointRef:
     sft_dir: str | None = None
     metrics_path: str | None = None
     training_seconds: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
 
 
@@ -105,6 +114,7 @@ class CheckpointRef:
 class EvalRef:
     results_path: str
     fingerprint: str
+    files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
 
 
@@ -115,6 +125,7 @@ class Decision:
     report_html: str | None = None
     report_md: str | None = None
     figures: dict[str, float] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
 
     @property
@@ -122,5 +133,4 @@ class Decision:
         return "GO" if self.go else "NO-GO"
 
 
-def as_path(ref_path: str) -> Path:
-    return Path(ref_path)
+StageRef = DatasetRef | IndexRef | CurriculumRef | CheckpointRef | EvalRef | Decision

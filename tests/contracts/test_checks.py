@@ -1,4 +1,4 @@
-"""Pure checks: normalisation, the Aho-Corasick answer index, near-duplicate prefix filtering
+"""Pure checks: the Aho-Corasick answer index, near-duplicate prefix filtering
 (against brute force), grouping by question, time-sensitive terms."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from searchrl.contracts.checks import (
     question_group_flags,
     time_sensitive_flags,
 )
-from searchrl.contracts.normalize import is_subspan, normalize_text
+from searchrl.text import normalize_answer
 from searchrl.types import Passage, QAExample
 
 
@@ -32,22 +32,6 @@ def row(split: str, n: int, question: str, answers: list[str],
 
 def test_check_names_match_config_literal() -> None:
     assert set(CHECK_DESCRIPTIONS) == set(typing.get_args(GoldCheck))
-
-
-@pytest.mark.parametrize(("text", "expected"), [
-    ("The Year 1919.", "year 1919"),
-    ("An  apple, a DAY!", "apple day"),
-    ("6,960", "6960"),
-    ("theatre", "theatre"),
-])
-def test_normalize_text(text: str, expected: str) -> None:
-    assert normalize_text(text) == expected
-
-
-def test_is_subspan_whole_tokens_only() -> None:
-    assert is_subspan("1919", "year 1919")
-    assert not is_subspan("191", "year 1919")
-    assert not is_subspan("", "year 1919")
 
 
 def test_find_answers_whole_token_and_first_hit_in_corpus_order() -> None:
@@ -67,7 +51,7 @@ def _brute_force(rows: list[CheckedRow], t: float) -> set[tuple[int, int]]:
         for b in rows:
             if a.split != "train" or b.split == "train":
                 continue
-            na, nb = normalize_text(a.example.question), normalize_text(b.example.question)
+            na, nb = normalize_answer(a.example.question), normalize_answer(b.example.question)
             sa, sb = set(na.split()), set(nb.split())
             if na != nb and sa and len(sa & sb) / len(sa | sb) >= t:
                 out.add((a.row, b.row))

@@ -4,7 +4,8 @@ DeepSpeed ZeRO-2 (tests/faults/_driver.py), the layout `deepspeed --num_gpus 2` 
 Rank 1 gets fewer informative groups than rank 0 every step (the driver makes half its
 groups zero-variance, no refills), so the ranks have different numbers of real
 micro-batches; the trainer pads them to one count because ZeRO-2 reduces gradients inside
-each backward, a collective every rank must join.
+each backward, a collective every rank must join. With PPO mini-batches
+(tests/faults/_minibatch_driver.py) the same holds per mini-batch, every one an optimizer step.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.faults.test_trainer_faults import RUN_TIMEOUT_S, _driver, _env
+from tests.faults.test_trainer_faults import DRIVER, RUN_TIMEOUT_S, _env
 from tests.train_fixture import build_init_policy
 
 pytestmark = pytest.mark.smoke
@@ -31,7 +33,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _launch(init: Path, out: Path, trace: Path, *extra: str) -> list[dict[str, Any]]:
+MINIBATCH_DRIVER = DRIVER.with_name("_minibatch_driver.py")
+
+
+def _launch(init: Path, out: Path, trace: Path, *extra: str, driver: Path = DRIVER
+            ) -> list[dict[str, Any]]:
     """Both ranks of one run; each one's result JSON (rank order)."""
     port = str(_free_port())
     procs, logs = [], []
@@ -40,7 +46,8 @@ def _launch(init: Path, out: Path, trace: Path, *extra: str) -> list[dict[str, A
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
         logs.append((out.parent / f"{out.name}.rank{rank}.log").open("w"))
         procs.append(subprocess.Popen(
-            _driver("--init", str(init), "--out", str(out), "--trace", str(trace), *extra),
+            [sys.executable, str(driver), "--init", str(init), "--out", str(out), "--trace",
+             str(trace), *extra],
             env=env, stdout=subprocess.PIPE, stderr=logs[-1], text=True))
     results = []
     try:
@@ -94,6 +101,32 @@ def test_two_ranks_shard_questions_stay_in_sync_and_resume_exactly(
     again = _trace(tmp_path / "part.trace")
     for r in (0, 1):
         assert [c for c in again if c["rank"] == r] == by_rank[r]
+    a = load_file(str(tmp_path / "full" / "policy" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_ranks_with_ppo_mini_batches_stay_in_sync_and_resume_exactly(
+        tmp_path: Path, init_dir: Path) -> None:
+    """2 mini-batches x 2 epochs: 4 optimizer steps per rollout batch on both ranks, though
+    rank 1 has fewer micro-batches in each mini-batch (it pads them at weight 0)."""
+    def launch(out: str, *extra: str) -> list[dict[str, Any]]:
+        return _launch(init_dir, tmp_path / out, tmp_path / f"{out}.trace", *extra,
+                       driver=MINIBATCH_DRIVER)
+
+    full = launch("full")
+    assert [r["steps_done"] for r in full] == [4, 4]
+    calls = _trace(tmp_path / "full.trace")
+    weights = {r: [c["weights"] for c in calls if c["rank"] == r] for r in (0, 1)}
+    assert weights[0] == weights[1] and len(set(weights[0])) == 4
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["optimizer_steps"] == 4.0 for r in rows)
+    assert all(r["ratio_max_abs_dev"] > 0.0 for r in rows)  # steps after the first moved it
+    launch("part", "--stop-after", "2")
+    resumed = launch("part")
+    assert [r["resumed_from"] for r in resumed] == [2, 2]
+    assert resumed[0]["losses"] == full[0]["losses"]
     a = load_file(str(tmp_path / "full" / "policy" / "model.safetensors"))
     b = load_file(str(tmp_path / "part" / "policy" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -3,12 +3,14 @@ stages run for real (tiny sizes), each an MLflow child run of one parent run."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flows.pipeline import pipeline
+from searchrl import codehash
 from searchrl.tracking import child_runs
 
 # Small enough for the default test run; every stage still runs for real.
@@ -62,3 +64,53 @@ def test_rerun_skips_finished_stages_and_a_change_reruns_only_downstream(
     rerun = {c["stage"] for c in child_runs(third["tracking_uri"], third["parent_run_id"])}
     assert rerun == {"evaluate_policy", "decide_go_no_go"}
     assert third["checkpoint"] == first_run["checkpoint"]
+
+
+def _stages_run(result: dict[str, Any]) -> set[str]:
+    return {c["stage"] for c in child_runs(result["tracking_uri"], result["parent_run_id"])}
+
+
+def test_editing_a_library_module_reruns_the_stages_that_reach_it(
+        first_run: dict[str, Any], workspace: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # As if rl/rewards.py had been edited: its digest changes, every other file's stays.
+    real = codehash.file_digest
+    monkeypatch.setattr(codehash, "file_digest", lambda path: real(path) + (
+        "-edited" if path.parts[-2:] == ("rl", "rewards.py") else ""))
+    rerun = pipeline(config_path="configs/tiny.yaml", overrides=workspace)
+    assert _stages_run(rerun) == STAGES - {"validate_gold_labels", "build_index"}
+
+
+def test_cached_results_whose_files_are_gone_rerun(first_run: dict[str, Any],
+                                                   workspace: list[str]) -> None:
+    # `make clean`: the work dir goes; the result store still holds the old references.
+    shutil.rmtree(Path(first_run["dataset"].corpus_path).parents[2])
+    again = pipeline(config_path="configs/tiny.yaml", overrides=workspace)
+    assert _stages_run(again) == STAGES
+    assert Path(again["checkpoint"].policy_dir).is_dir()
+    assert Path(again["decision"].report_html or "").is_file()
+    # and the re-run's results are cached in their turn
+    third = pipeline(config_path="configs/tiny.yaml", overrides=workspace)
+    assert _stages_run(third) == set()
+
+
+def test_a_second_checkout_runs_its_own_stages(
+        prefect_harness: None, first_run: dict[str, Any], workspace: list[str],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_root: Path) -> None:
+    # Same config with a relative work dir, run from another checkout (same user, same Prefect
+    # result store): nothing may come from the first checkout's cache.
+    checkout = tmp_path / "checkout"
+    for part in ("configs", "data", "data_contracts"):
+        shutil.copytree(repo_root / part, checkout / part)
+    monkeypatch.chdir(checkout)
+    relative = [o for o in workspace if not o.startswith("run.work_dir=")]
+    first = pipeline(config_path="configs/tiny.yaml", overrides=[*relative, "run.work_dir=runs/t"])
+    assert _stages_run(first) == STAGES
+    assert Path(first["checkpoint"].policy_dir).is_relative_to(checkout / "runs" / "t")
+    second_checkout = tmp_path / "checkout2"
+    shutil.copytree(checkout, second_checkout, ignore=shutil.ignore_patterns("runs"))
+    monkeypatch.chdir(second_checkout)
+    second = pipeline(config_path="configs/tiny.yaml",
+                      overrides=[*relative, "run.work_dir=runs/t"])
+    assert _stages_run(second) == STAGES
+    assert Path(second["dataset"].corpus_path).is_relative_to(second_checkout)

@@ -18,6 +18,7 @@ from searchrl.generation.base import SamplingParams
 from searchrl.generation.hf import HFGenerator
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
+from searchrl.train.checkpoint import CheckpointError
 from searchrl.train.grpo import TrainingError, train_grpo
 from searchrl.types import QAExample
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
@@ -154,7 +155,7 @@ def test_resume_refuses_when_every_checkpoint_is_corrupt(tmp_path: Path, init_di
                rollout_fn=fake_rollouts, progress=False, stop_after=2)
     (ckpt,) = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
     (ckpt / "model.safetensors").write_bytes(b"truncated")
-    with pytest.raises(TrainingError, match="no checkpoint passes verification"):
+    with pytest.raises(CheckpointError, match="no checkpoint passes verification"):
         train_grpo(cfg, ex, None, init_dir, tmp_path / "run",  # type: ignore[arg-type]
                    rollout_fn=fake_rollouts, progress=False)
     assert ckpt.is_dir()  # the evidence is kept
@@ -248,7 +249,7 @@ def test_trainer_logprobs_use_the_sampling_temperature(init_dir: Path) -> None:
     """The sampler draws from softmax(logits / T); the trainer's log-probs must match it."""
     from searchrl.generation.hf import HFGenerator
     from searchrl.models.tiny import load_policy
-    from searchrl.train.grpo import _ref_logprobs
+    from searchrl.train.grpo import no_grad_logprobs
     from searchrl.train.tensors import pack_records
 
     model, tok = load_policy(init_dir)
@@ -260,9 +261,8 @@ def test_trainer_logprobs_use_the_sampling_temperature(init_dir: Path) -> None:
                            old_logprobs=out.logprobs, text="", turns=1, reward=0.0,
                            correct=False)
     packed = pack_records([record], torch.zeros(1), int(tok.pad_token_id))
-    tempered = _ref_logprobs(model, packed, 2.5)
-    raw = _ref_logprobs(model, packed, 1.0)
-    assert tempered is not None and raw is not None
+    tempered = no_grad_logprobs(model, packed, 2.5)
+    raw = no_grad_logprobs(model, packed, 1.0)
     m = packed.loss_mask.bool()
     assert torch.allclose(tempered[m], packed.old_logprobs[m], atol=1e-4)
     assert not torch.allclose(raw[m], packed.old_logprobs[m], atol=1e-2)

@@ -1,12 +1,19 @@
-"""Layering rules from DESIGN.md, enforced: the library never imports prefect; only
-searchrl/tracking.py imports mlflow."""
+"""Layering rules from docs/DESIGN.md, enforced: the library never imports prefect (nor the
+flows and tasks above it); mlflow is imported by searchrl/tracking.py alone, and no other
+library module pulls it in, directly or through the modules it imports (every DeepSpeed rank
+and the retrieval service import the library)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "searchrl"
+# The one module that may import mlflow at import time (others import it lazily, where needed).
+TRACKING_USERS = {"tracking"}
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -19,8 +26,17 @@ def _imported_roots(path: Path) -> set[str]:
     return roots
 
 
-def test_library_never_imports_prefect() -> None:
-    offenders = [p for p in SRC.rglob("*.py") if "prefect" in _imported_roots(p)]
+def _modules() -> list[str]:
+    names = []
+    for p in sorted(SRC.rglob("*.py")):
+        parts = p.relative_to(SRC.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_library_never_imports_prefect_flows_or_tasks() -> None:
+    offenders = [p for p in SRC.rglob("*.py")
+                 if {"prefect", "flows", "tasks"} & _imported_roots(p)]
     assert offenders == []
 
 
@@ -29,6 +45,25 @@ def test_only_tracking_imports_mlflow() -> None:
                  if "mlflow" in _imported_roots(p) and p.name != "tracking.py"]
     assert offenders == []
     assert "mlflow" in _imported_roots(SRC / "tracking.py")
+
+
+def test_no_library_module_pulls_in_mlflow_or_prefect_transitively() -> None:
+    # A fresh interpreter imports every library module but tracking; whatever they import at
+    # module level, directly or through each other, lands in sys.modules.
+    modules = [m for m in _modules() if m.rsplit(".", 1)[-1] not in TRACKING_USERS
+               and m != "searchrl.generation.vllm"]  # needs the optional gpu extra
+    probe = ("import importlib, json, sys\n"
+             "culprits = []\n"
+             f"for m in {modules!r}:\n"
+             "    had = 'mlflow' in sys.modules or 'prefect' in sys.modules\n"
+             "    importlib.import_module(m)\n"
+             "    if not had and ('mlflow' in sys.modules or 'prefect' in sys.modules):\n"
+             "        culprits.append(m)\n"
+             "print(json.dumps(culprits))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=300).stdout.splitlines()
+    assert json.loads(out[-1]) == []  # the first module whose import brought either in
+    assert len(modules) > 40  # the probe really imported the library
 
 
 def test_the_rule_checker_sees_imports(tmp_path: Path) -> None:

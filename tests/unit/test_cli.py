@@ -23,11 +23,20 @@ def test_generate_world_and_validate(tmp_path: Path, capsys: pytest.CaptureFixtu
              f"run.work_dir={tmp_path}"]
     assert main(["generate-world", *small, "--out", str(tmp_path / "world")]) == 0
     assert (tmp_path / "world" / "corpus.jsonl").is_file()
+    capsys.readouterr()
     assert main(["validate", *small]) == 0
-    counts = json.loads(capsys.readouterr().out.split("\n}\n", 1)[1])
+    ref = json.loads(capsys.readouterr().out)  # the stage's DatasetRef, also in its ref.json
+    assert json.loads((tmp_path / "validate_gold_labels" / "ref.json").read_text()) == ref
+    assert all(Path(p).is_file() for p in ref["files"])
+    counts = json.loads((tmp_path / "validate_gold_labels" / "audit.json").read_text())["counts"]
     assert counts["rows_in"] == counts["clean"] + counts["quarantined"]
+    # The next stage reads that reference; once a file it names is gone it says what to re-run.
+    Path(ref["paths"]["dev"]).unlink()
+    assert main(["index", *small]) == 2
+    assert "re-run `python -m searchrl validate`" in capsys.readouterr().err
 
 
-def test_stage_without_its_inputs_says_what_to_run(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="run `python -m searchrl validate` first"):
-        main(["index", f"run.work_dir={tmp_path}"])
+def test_stage_without_its_inputs_says_what_to_run(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", f"run.work_dir={tmp_path}"]) == 2
+    assert "run `python -m searchrl validate` first" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from searchrl.data.io import (
+    DIR_MANIFEST,
     DataError,
     fingerprint,
     manifest_path,
@@ -107,6 +108,19 @@ def test_manifest_is_the_fingerprint_and_detects_edits(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "\n")
     assert read_manifest(path) is None  # stale manifest is not trusted
     assert fingerprint(path) != sha
+
+
+def test_torn_or_directory_manifests(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl(path, read_qa_rows())
+    manifest_path(path).write_text("{")  # torn: treated as absent, not an error
+    assert read_manifest(path) is None
+    index = tmp_path / "index"
+    index.mkdir()
+    assert read_manifest(index, directory=True) is None
+    (index / DIR_MANIFEST).write_text(json.dumps({"complete": True}))
+    assert read_manifest(index, directory=True) == {"complete": True}
+    assert read_manifest(index) is None  # a file's manifest is never looked for inside it
 
 
 def test_failed_write_leaves_no_manifest(tmp_path: Path) -> None:

@@ -74,6 +74,42 @@ def test_grpo_loss_hand_value_with_kl() -> None:
     assert out.clip_fraction == 0.0
 
 
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_grpo_loss_off_policy_clipping_hand_values(agg: str) -> None:
+    """Ratios away from 1 (a mini-batch after an optimizer step): the clip fires where the
+    ratio left [1 - eps, 1 + eps] in the direction the advantage rewards, and only there."""
+    # Row 0, A = +1: ratios 1.5 (above 1 + eps: clipped to 1.2), 0.7 (below 1 - eps, but a
+    # positive advantage keeps the smaller unclipped 0.7), then an inserted token (mask 0).
+    # Row 1, A = -2: ratios 0.5 (below 1 - eps: clipped to 0.8), 1.1 (inside), 1.3 (above
+    # 1 + eps, but a negative advantage keeps the unclipped -2.6).
+    ratios = torch.tensor([[1.5, 0.7, 3.0], [0.5, 1.1, 1.3]])
+    old = torch.log(torch.tensor([[0.2, 0.4, 0.1], [0.6, 0.3, 0.5]]))
+    logp = (old + torch.log(ratios)).requires_grad_()
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    out = grpo_loss(logp, old, None, torch.tensor([1.0, -2.0]), mask, clip_eps=0.2,
+                    kl_coef=0.0, agg=agg)  # type: ignore[arg-type]
+    # Per token pg = -min(r A, clip(r) A): row 0: -1.2, -0.7; row 1: 1.6, 2.2, 2.6.
+    expected = {"token_mean": (-1.2 - 0.7 + 1.6 + 2.2 + 2.6) / 5,  # 0.9
+                "seq_mean_token_mean": ((-1.2 - 0.7) / 2 + (1.6 + 2.2 + 2.6) / 3) / 2}[agg]
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert out.pg_loss == pytest.approx(expected, rel=1e-5)
+    assert out.clip_fraction == pytest.approx(2 / 5)  # tokens (0, 0) and (1, 0)
+    assert out.ratio_mean == pytest.approx((1.5 + 0.7 + 0.5 + 1.1 + 1.3) / 5, rel=1e-5)
+    assert out.ratio_max_abs_dev == pytest.approx(0.5, rel=1e-5)
+    out.loss.backward()
+    assert logp.grad is not None
+    # A clipped token is flat in logp: no gradient; every other policy token has one.
+    assert logp.grad[0, 0] == 0 and logp.grad[1, 0] == 0 and logp.grad[0, 2] == 0
+    assert (logp.grad[0, 1] != 0) and (logp.grad[1, 1:] != 0).all()
+
+
+def test_grpo_loss_on_policy_ratio_is_exactly_one() -> None:
+    logp = torch.log(torch.tensor([[0.3, 0.6, 0.1]]))
+    out = grpo_loss(logp, logp.clone(), None, torch.tensor([1.5]), torch.tensor([[1, 1, 0]]),
+                    clip_eps=0.2, kl_coef=0.0)
+    assert out.ratio_mean == 1.0 and out.ratio_max_abs_dev == 0.0 and out.clip_fraction == 0.0
+
+
 def test_inserted_tokens_get_zero_gradient() -> None:
     torch.manual_seed(0)
     logp = (torch.rand(3, 6) * -2).requires_grad_()

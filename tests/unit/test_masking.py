@@ -1,12 +1,10 @@
-"""MaskedSequence keeps ids, mask and logprobs in lockstep; collate aligns them to tokens."""
+"""MaskedSequence keeps ids, mask and logprobs in lockstep."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from searchrl.rl.masking import MaskedSequence, collate
-from searchrl.rl.records import RolloutRecord
+from searchrl.rl.masking import MaskedSequence
 
 
 def test_segments_build_ids_mask_and_logprobs_together() -> None:
@@ -31,16 +29,3 @@ def test_misuse_is_rejected() -> None:
     with pytest.raises(ValueError, match="append_sampled"):
         seq.append_context([1], "sampled")
 
-
-def _record(prompt: list[int], response: list[int], mask: list[int]) -> RolloutRecord:
-    return RolloutRecord(example_id="q", sample_index=0, prompt_ids=prompt,
-                         response_ids=response, loss_mask=mask,
-                         old_logprobs=[-1.0 * m for m in mask], text="", turns=1)
-
-
-def test_collate_aligns_mask_to_token_positions() -> None:
-    batch = collate([_record([1, 2], [3, 4, 5], [1, 0, 1]), _record([1], [6], [1])], pad_id=0)
-    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [1, 6, 0, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
-    assert batch["loss_mask"].tolist() == [[0, 0, 1, 0, 1], [0, 1, 0, 0, 0]]
-    assert torch.equal(batch["old_logprobs"], -batch["loss_mask"])

@@ -22,7 +22,7 @@ from searchrl.retrieval.index_store import (
     load_corpus_searcher,
     load_searcher,
 )
-from searchrl.tracking import NullSink
+from searchrl.sinks import NullSink
 
 CORPUS = [
     {"id": "cat", "contents": "The domestic cat is a small carnivorous mammal kept as a pet."},

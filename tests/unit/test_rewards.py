@@ -1,4 +1,4 @@
-"""Rewards: normalisation, EM/F1, format score and the shaped combination."""
+"""Rewards: EM/F1, format score and the shaped combination."""
 
 from __future__ import annotations
 
@@ -10,19 +10,10 @@ from searchrl.rl.rewards import (
     f1,
     format_score,
     is_correct,
-    normalize_answer,
     score,
 )
 
 GOOD = "<think> look </think><search> q </search><think> so </think><answer> Tornis </answer>"
-
-
-@pytest.mark.parametrize(("raw", "norm"), [
-    ("The  Tornis!", "tornis"), ("an Apple, a day", "apple day"), ("  MIXED case ", "mixed case"),
-    ("théâtre", "théâtre"), ("", ""),
-])
-def test_normalize_answer(raw: str, norm: str) -> None:
-    assert normalize_answer(raw) == norm
 
 
 def test_exact_match_over_gold_variants_and_empty() -> None:

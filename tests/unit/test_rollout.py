@@ -187,7 +187,7 @@ def test_tag_injection_in_a_passage_cannot_score_or_unmask(tiny_tok: PreTrainedT
         body = [rec.response_ids[i] for i in info_positions]
         answer_id = tiny_tok.convert_tokens_to_ids("<answer>")
         assert answer_id not in body
-        assert "&lt;answer>" in rec.passages[0][0]
+        assert "&lt;answer&gt;" in rec.passages[0][0]
         assert "Tornis" not in rec.completion
     assert wrong.answer == "Veskia"
     assert silent.answer is None and silent.finish_reason == "eos"

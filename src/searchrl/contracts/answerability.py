@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from searchrl.contracts.normalize import normalize_text
+from searchrl.text import normalize_answer
 from searchrl.types import Passage
 
 
@@ -37,7 +37,7 @@ def find_answers(answers: Iterable[str],
                  corpora: Iterable[tuple[str, Iterable[Passage]]]) -> dict[str, AnswerHit]:
     """Map each *normalised* answer found anywhere in the corpora to its first hit.
 
-    `answers` must already be normalised (see `normalize_text`); blank answers are ignored.
+    `answers` must already be normalised (see `normalize_answer`); blank answers are ignored.
     `corpora` is (corpus name, passages) pairs, scanned in order. Answers absent from the
     result occur in no passage.
     """
@@ -51,7 +51,7 @@ def find_answers(answers: Iterable[str],
     automaton.make_automaton()
     for corpus_name, passages in corpora:
         for passage in passages:
-            text = f" {normalize_text(passage_text(passage))} "
+            text = f" {normalize_answer(passage_text(passage))} "
             for _, answer in automaton.iter(text):
                 if answer not in found:
                     found[answer] = AnswerHit(passage.id, corpus_name)

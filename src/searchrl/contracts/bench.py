@@ -20,10 +20,10 @@ from typing import Any
 
 from searchrl.config import PipelineConfig
 from searchrl.contracts.answerability import find_answers
-from searchrl.contracts.normalize import normalize_text
 from searchrl.contracts.suites import SuiteRunner
 from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import read_passages, read_raw_qa_rows, write_jsonl
+from searchrl.text import normalize_answer
 
 
 def _word(rng: random.Random) -> str:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     passages = read_passages(paths["corpus"])
     rows = [raw for _, raw in read_raw_qa_rows(paths["train"])]
-    answers = {normalize_text(a) for r in rows for a in r["golden_answers"]}
+    answers = {normalize_answer(a) for r in rows for a in r["golden_answers"]}
     t0, c0 = time.perf_counter(), time.process_time()
     hits = find_answers(answers, [("corpus", passages)])
     t_scan, c_scan = time.perf_counter() - t0, time.process_time() - c0

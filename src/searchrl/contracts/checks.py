@@ -31,7 +31,7 @@ from itertools import combinations
 from typing import Any
 
 from searchrl.contracts.answerability import find_answers, passage_text, snippet
-from searchrl.contracts.normalize import is_subspan, normalize_text
+from searchrl.text import is_subspan, normalize_answer
 from searchrl.types import Passage, QAExample
 
 TRAIN_SPLIT = "train"
@@ -91,7 +91,7 @@ def _flag(row: CheckedRow, check: str, reason: str, detail: str = "",
 
 
 def _norm_answers(row: CheckedRow) -> set[str]:
-    return {normalize_text(a) for a in row.example.golden_answers} - {""}
+    return {normalize_answer(a) for a in row.example.golden_answers} - {""}
 
 
 # --- answers within one row
@@ -102,11 +102,11 @@ def answer_variant_flags(rows: Iterable[CheckedRow]) -> list[Flag]:
     flags: list[Flag] = []
     for row in rows:
         for a, b in combinations(row.example.golden_answers, 2):
-            if normalize_text(a) == normalize_text(b):
+            if normalize_answer(a) == normalize_answer(b):
                 flags.append(_flag(row, "answer_variant",
                                    f"gold answers {a!r} and {b!r} are the same after "
                                    "normalisation",
-                                   f"normalised: {normalize_text(a)!r}", answers=[a, b]))
+                                   f"normalised: {normalize_answer(a)!r}", answers=[a, b]))
     return flags
 
 
@@ -122,7 +122,7 @@ def question_group_flags(rows: Sequence[CheckedRow]) -> list[Flag]:
     over rows grouped by normalised question."""
     groups: dict[str, list[CheckedRow]] = defaultdict(list)
     for row in rows:
-        key = normalize_text(row.example.question)
+        key = normalize_answer(row.example.question)
         if key:
             groups[key].append(row)
     flags: list[Flag] = []
@@ -201,7 +201,7 @@ def near_duplicate_leakage_flags(rows: Sequence[CheckedRow], threshold: float) -
     evals = [r for r in rows if r.split != TRAIN_SPLIT]
     if not train or not evals:
         return []
-    norm = {id(r): normalize_text(r.example.question) for r in rows}
+    norm = {id(r): normalize_answer(r.example.question) for r in rows}
     sets = {id(r): set(norm[id(r)].split()) for r in rows}
     df: Counter[str] = Counter(t for r in rows for t in sets[id(r)])
 
@@ -268,7 +268,7 @@ def answerability_flags(rows: Sequence[CheckedRow], corpora: Mapping[str, Sequen
     judgements, not spans. The corpus is scanned once (Aho-Corasick); only the few named
     supporting passages of each row are searched directly.
     """
-    skip = {normalize_text(a) for a in non_extractive}
+    skip = {normalize_answer(a) for a in non_extractive}
     per_row = {(r.split, r.row): _norm_answers(r) - skip for r in rows}
     all_answers = set().union(*per_row.values()) if per_row else set()
     hits = find_answers(all_answers, corpora.items())
@@ -284,7 +284,7 @@ def answerability_flags(rows: Sequence[CheckedRow], corpora: Mapping[str, Sequen
         for p in passages:
             if p.id in hit_ids and p.id not in by_id:
                 by_id[p.id] = p
-    support_norm = {pid: normalize_text(passage_text(p)) for pid, p in support.items()}
+    support_norm = {pid: normalize_answer(passage_text(p)) for pid, p in support.items()}
     n_passages = sum(len(p) for p in corpora.values())
     flags: list[Flag] = []
     for row in rows:

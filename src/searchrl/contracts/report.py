@@ -17,6 +17,7 @@ from typing import Any
 from searchrl.contracts.checks import CHECK_DESCRIPTIONS, Flag
 from searchrl.contracts.overrides import AppliedOverride, Override
 from searchrl.contracts.suites import SuiteResult
+from searchrl.tables import Cell, html_table, markdown_table
 
 
 @dataclass
@@ -120,14 +121,8 @@ def _contract_lines(audit: Audit) -> list[tuple[str, str, str, str, str]]:
 # --- markdown
 
 
-def _md(text: Any, limit: int = 400) -> str:
-    return _cut(str(text), limit).replace("|", "\\|").replace("\n", " ")
-
-
 def _md_table(header: list[str], rows: list[list[Any]], limit: int = 400) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_md(c, limit) for c in r) + " |" for r in rows]
-    return lines
+    return markdown_table(header, [[_cut(str(c), limit) for c in r] for r in rows]).split("\n")
 
 
 def render_markdown(audit: Audit) -> str:
@@ -195,14 +190,8 @@ def _h(text: Any, limit: int = 600) -> str:
     return html.escape(_cut(str(text), limit))
 
 
-def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(rows_cell for rows_cell in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _td(text: Any, cls: str = "", limit: int = 600) -> str:
-    return f'<td class="{cls}">{_h(text, limit)}</td>' if cls else f"<td>{_h(text, limit)}</td>"
+def _td(text: Any, cls: str = "", limit: int = 600) -> Cell:
+    return Cell(_cut(str(text), limit), cls)
 
 
 def _status_class(status: str) -> str:
@@ -214,13 +203,13 @@ def render_html(audit: Audit) -> str:
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{_h(audit.title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{_h(audit.title)}</h1>", "<h2>Summary</h2>",
-             _html_table(["", "rows"], [[_td(k), _td(v)] for k, v in _summary_rows(audit)]),
+             html_table(["", "rows"], [[_td(k), _td(v)] for k, v in _summary_rows(audit)]),
              "<h2>Per split</h2>",
-             _html_table(["split", "rows in", "clean", "quarantined", "flagged for review"],
+             html_table(["split", "rows in", "clean", "quarantined", "flagged for review"],
                          [[_td(s), _td(c["rows_in"]), _td(c["clean"]), _td(c["quarantined"]),
                            _td(c["review"])] for s, c in audit.split_counts.items()]),
              "<h2>Checks</h2>",
-             _html_table(["check", "action", "rows flagged", "what it means"],
+             html_table(["check", "action", "rows flagged", "what it means"],
                          [[_td(k), _td("quarantine" if k in audit.quarantine_checks
                                        else "review"),
                            _td(audit.check_rows.get(k, 0)), _td(d)]
@@ -232,12 +221,12 @@ def render_html(audit: Audit) -> str:
               f"({_h(', '.join(f'{s.dataset}: {s.suite}' for s in audit.suites), 2000)}).</p>"]
     failed = _contract_lines(audit)
     if failed:
-        parts.append(_html_table(["dataset", "suite", "expectation", "rule", "result"],
+        parts.append(html_table(["dataset", "suite", "expectation", "rule", "result"],
                                  [[_td(c) for c in f] for f in failed]))
     parts.append("<h2>Steward overrides</h2>")
     applied = [(o, a) for o in audit.outcomes for a in o.overrides]
     if applied:
-        parts.append(_html_table(
+        parts.append(html_table(
             ["split", "row", "id", "action", "steward", "reason", "effect"],
             [[_td(o.split), _td(o.row), _td(o.id), _td(a.override.action),
               _td(a.override.steward), _td(a.override.reason), _td(a.effect)]
@@ -263,7 +252,7 @@ def render_html(audit: Audit) -> str:
             rows.append([_td(o.split), _td(o.row), _td(o.id), _td(o.record.get("question")),
                          _td(_answers(o.record)), _td(f.reason), _td(f.detail, "ev", 1200),
                          _td(status + extra, _status_class(status))])
-        parts.append(_html_table(["split", "row", "id", "question", "gold answer", "reason",
+        parts.append(html_table(["split", "row", "id", "question", "gold answer", "reason",
                                   "evidence", "status"], rows))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

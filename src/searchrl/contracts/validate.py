@@ -80,6 +80,7 @@ class ValidationResult:
     split_paths: dict[str, Path]
     corpus_path: Path
     quarantine_path: Path
+    extra_corpora: dict[str, Path] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     quarantined: list[dict[str, Any]] = field(default_factory=list)
     report_html: Path | None = None
@@ -357,6 +358,8 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
             raise ValidationInvariantError(f"{split_paths[name]}: manifest missing after write")
     return ValidationResult(
         out_dir=out_dir, split_paths=split_paths, corpus_path=source_paths["corpus"],
+        extra_corpora={n.removeprefix("extra_corpus:"): p for n, p in source_paths.items()
+                       if n.startswith("extra_corpus:")},
         quarantine_path=quarantine_path, counts=counts, quarantined=quarantined,
         report_html=report_html, report_md=report_md, audit_path=audit_path,
         check_counts=check_counts, seconds=time.perf_counter() - started)

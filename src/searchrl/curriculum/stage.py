@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from searchrl.config import PipelineConfig
@@ -26,6 +27,7 @@ from searchrl.curriculum.difficulty import (
 from searchrl.data.io import atomic_write_text, fingerprint, read_qa, write_jsonl
 from searchrl.generation.hf import HFGenerator
 from searchrl.models.tiny import load_policy
+from searchrl.plots import save_figure
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import run_rollouts
@@ -56,12 +58,8 @@ def rollout_pass_rates(examples: Sequence[QAExample], generator: HFGenerator,
 
 
 def _plot_histogram(difficulties: Sequence[QuestionDifficulty], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     by_hops: dict[int, list[float]] = {}
     for d in difficulties:
         by_hops.setdefault(d.hops or 0, []).append(d.pass_rate)
@@ -72,9 +70,7 @@ def _plot_histogram(difficulties: Sequence[QuestionDifficulty], path: Path) -> N
     ax.set_title("Training-question difficulty")
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_artifacts(examples: Sequence[QAExample], result: FilterResult,

@@ -169,17 +169,26 @@ def content_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# A directory's manifest (an index component's) lives inside it, written last.
+DIR_MANIFEST = "manifest.json"
+
+
 def manifest_path(path: Path) -> Path:
     return path.with_name(path.name + ".manifest.json")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temp file in the same directory and rename: never a half-written file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory and rename: never a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         # mkstemp creates 0600; artifacts are shared, so give them the umask's usual mode.
@@ -211,14 +220,20 @@ def write_jsonl(path: str | Path, records: Sequence[BaseModel | dict[str, Any]])
     return sha
 
 
-def read_manifest(path: str | Path) -> dict[str, Any] | None:
-    """The manifest if it exists and still matches the file's content, else None."""
+def read_manifest(path: str | Path, *, directory: bool = False) -> dict[str, Any] | None:
+    """The manifest that marks `path` complete, else None (absent, unreadable or stale).
+
+    A file's manifest is `<file>.manifest.json` and must still match the file's content. A
+    directory's (`directory=True`) is `<dir>/DIR_MANIFEST`; it is written last, so its presence
+    is the completeness mark (re-hashing an index on every read would cost a build).
+    """
     path = Path(path)
-    mpath = manifest_path(path)
-    if not (path.is_file() and mpath.is_file()):
+    mpath = path / DIR_MANIFEST if directory else manifest_path(path)
+    try:
+        manifest: dict[str, Any] = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError):  # a torn or missing manifest is no manifest
         return None
-    manifest: dict[str, Any] = json.loads(mpath.read_text())
-    if manifest.get("sha256") != content_sha256(path):
+    if not directory and not (path.is_file() and manifest.get("sha256") == content_sha256(path)):
         return None
     return manifest
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from searchrl.rl.records import RolloutRecord
-from searchrl.rl.rewards import normalize_answer
+from searchrl.text import is_subspan, normalize_answer
 from searchrl.types import QAExample
 
 
@@ -57,9 +57,7 @@ def record_passages(record: RolloutRecord) -> dict[str, str]:
 def answer_in_passages(answer: str, passages: Sequence[str]) -> bool:
     """Whether the normalised answer occurs as a whole-word span of a normalised passage."""
     needle = normalize_answer(answer)
-    if not needle:
-        return False
-    return any(f" {needle} " in f" {normalize_answer(p)} " for p in passages)
+    return any(is_subspan(needle, normalize_answer(p)) for p in passages)
 
 
 def find_suspects(records: Sequence[RolloutRecord], examples: Mapping[str, QAExample], *,

@@ -37,13 +37,13 @@ from searchrl.eval.metrics import (
     paired_bootstrap_delta,
     summarize,
 )
+from searchrl.generation.factory import resolve_device
 from searchrl.generation.hf import HFGenerator
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.index_store import load_searcher
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rewards import exact_match, f1
 from searchrl.rl.rollout import run_rollouts
-from searchrl.tracking import download_registered_policy
 from searchrl.types import QAExample
 
 RESULTS_FILE = "results.json"
@@ -159,12 +159,6 @@ def load_eval_result(path: str | Path) -> EvalResult:
 def read_question_results(path: str | Path) -> list[QuestionResult]:
     with Path(path).open(encoding="utf-8") as fh:
         return [QuestionResult.from_dict(json.loads(line)) for line in fh if line.strip()]
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 @dataclass
@@ -286,6 +280,10 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
         examples = examples[: config.eval.max_questions]
     champion_dir: str | None = None
     if "champion" in config.eval.baselines and tracking_uri is not None:
+        # Imported here: only the registry lookup needs mlflow, and the library stays
+        # importable without it (tests/unit/test_architecture.py).
+        from searchrl.tracking import download_registered_policy
+
         got = download_registered_policy(tracking_uri, config.eval.registry_model_name,
                                          config.eval.champion_alias, out_dir / "champion")
         champion_dir = str(got) if got is not None else None
@@ -296,33 +294,3 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
                     eval_set=f"{config.eval.split}:{Path(eval_path).name}", notes=notes,
                     progress=progress)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m searchrl.eval.run --config C --eval QA --index DIR --policy P [--sft S]
-    --out O [key=value ...]`: the evaluate stage without Prefect or MLflow."""
-    import argparse
-
-    from searchrl.config import load_config
-
-    parser = argparse.ArgumentParser(prog="searchrl.eval.run")
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--eval", required=True, help="eval QA file (a validated split)")
-    parser.add_argument("--index", required=True, help="index dir (build_index output)")
-    parser.add_argument("--policy", required=True, help="trained policy dir")
-    parser.add_argument("--sft", default=None, help="SFT starting policy dir")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = parser.parse_args(argv)
-    config = load_config(args.config, args.overrides)
-    result = evaluate_stage(config, eval_path=args.eval, index_dir=args.index,
-                            policy_dir=args.policy, sft_dir=args.sft, out_dir=args.out,
-                            progress=lambda name, done, total: print(
-                                f"{name}: {done}/{total}", flush=True))
-    print(json.dumps({n: {"em": s.summary.em.to_dict(), "searches": s.summary.searches_per_question,
-                          "seconds": round(s.seconds, 1)} for n, s in result.systems.items()},
-                     indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

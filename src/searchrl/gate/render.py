@@ -7,9 +7,7 @@ so rendering is safe in Prefect worker threads.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +17,8 @@ from matplotlib.figure import Figure
 
 from searchrl.eval.metrics import Interval, Summary
 from searchrl.gate.payback import CostInputs, GateResult, GateThresholds, payback_curve
+from searchrl.plots import figure_png_base64
+from searchrl.tables import html_table, markdown_table
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,6 @@ def _signed_ci(iv: Interval) -> str:
     return _ci(iv, "+.3f")
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _system_rows(systems: dict[str, Summary]) -> list[list[str]]:
     return [[name, str(s.n), _ci(s.em), _num(s.f1.mean), _num(s.searches_per_question, ".2f"),
              _num(s.format_rate, ".2f"), _num(s.support_recall, ".2f"),
@@ -113,12 +107,6 @@ def _suspect_rows(suspects: Sequence[dict[str, Any]], limit: int = 25) -> list[l
 
 
 # --- plots
-
-
-def _png(fig: Figure) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def _placeholder(ax: Any, text: str) -> None:
@@ -226,7 +214,7 @@ PLOTS = {
 
 def render_figures(r: ReportInputs) -> dict[str, str]:
     """Plot name -> base64 PNG."""
-    return {name: _png(make(r)) for name, (_, make) in PLOTS.items()}
+    return {name: figure_png_base64(make(r)) for name, (_, make) in PLOTS.items()}
 
 
 # --- documents
@@ -271,7 +259,7 @@ def render_markdown(r: ReportInputs) -> str:
     lines += [f"> {note}" for note in r.notes]
     for _, heading, header, rows in _sections(r):
         lines += ["", f"## {heading}", ""]
-        lines.append(_md_table(header, rows) if rows else "_none_")
+        lines.append(markdown_table(header, rows) if rows else "_none_")
     lines.append("")
     return "\n".join(lines)
 
@@ -288,15 +276,6 @@ figure{display:inline-block;margin:.5em}figcaption{font-size:.85em;color:#555}
 """
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    if not rows:
-        return "<p><em>none</em></p>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
     """A self-contained page: no external scripts, styles, fonts or images."""
     figs = figures if figures is not None else render_figures(r)
@@ -311,7 +290,8 @@ def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
         f'src="data:image/png;base64,{figs[name]}"><figcaption>{esc(caption)}</figcaption>'
         f"</figure>" for name, (caption, _) in PLOTS.items() if name in figs)
     notes = "".join(f"<p><em>{esc(n)}</em></p>" for n in r.notes)
-    sections = "".join(f'<h2 id="{a}">{esc(h)}</h2>{_html_table(hd, rows)}'
+    sections = "".join(f'<h2 id="{a}">{esc(h)}</h2>'
+                       + (html_table(hd, rows) if rows else "<p><em>none</em></p>")
                        for a, h, hd, rows in _sections(r))
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -199,33 +199,3 @@ def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: P
     return GateOutcome(result=result, report=report, html_path=html_path, md_path=md_path,
                        decision_path=decision_path, figures=figures)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m searchrl.gate.report --config C --results R --train T --out O
-    [--training-seconds S] [--metrics M] [key=value ...]`: decide and write the report; prints
-    the Markdown. Exit status 0 on GO, 1 on NO-GO."""
-    import argparse
-
-    from searchrl.config import load_config
-    from searchrl.eval.run import load_eval_result
-
-    parser = argparse.ArgumentParser(prog="searchrl.gate.report")
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--results", required=True, help="evaluate stage results.json")
-    parser.add_argument("--train", default=None, help="validated train split (gold pairs)")
-    parser.add_argument("--training-seconds", type=float, default=None)
-    parser.add_argument("--metrics", default=None, help="trainer metrics.jsonl")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = parser.parse_args(argv)
-    config = load_config(args.config, args.overrides)
-    outcome = write_gate_report(config, load_eval_result(args.results), args.out,
-                                gold_pairs=count_rows(args.train),
-                                training_seconds=args.training_seconds,
-                                metrics_path=args.metrics)
-    print(outcome.md_path.read_text())
-    return 0 if outcome.result.go else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,3 +27,10 @@ def make_generator(rollout_cfg: RolloutConfig, model: PreTrainedModel,
 
     return VLLMGenerator(str(model_path), tokenizer,
                          gpu_memory_utilization=rollout_cfg.vllm_gpu_memory_utilization)
+
+
+def resolve_device(device: str) -> str:
+    """`run.device` as a torch device string: "auto" -> "cuda" if available, else "cpu"."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device

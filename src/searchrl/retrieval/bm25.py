@@ -7,6 +7,7 @@ index store's job. Passages with no query term in common (score 0) are not retur
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from bm25s.tokenization import Tokenizer
 Ranking = list[tuple[int, float]]  # (passage row, score), best first
 
 _TOKENIZER_DIR = "tokenizer"
+
+# bm25s sets its own logger to DEBUG on import and logs every index build ("Building index
+# from IDs objects") and every query with no known word (INFO): hundreds of lines in a
+# pipeline run. Its warnings still show; our loggers are untouched.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 
 class BM25Index:
@@ -32,12 +38,13 @@ class BM25Index:
 
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 0.9, b: float = 0.4,
-              stopwords: str = "en", show_progress: bool = False) -> BM25Index:
+              stopwords: str = "en") -> BM25Index:
+        # No progress bars: bm25s draws half a dozen per build, each a burst of log lines.
         tokenizer = Tokenizer(stopwords=stopwords)
         tokens = tokenizer.tokenize(list(texts), return_as="tuple", update_vocab=True,
-                                    show_progress=show_progress)
+                                    show_progress=False)
         retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
-        retriever.index(tokens, show_progress=show_progress)
+        retriever.index(tokens, show_progress=False)
         return cls(retriever, tokenizer)
 
     def save(self, directory: Path) -> None:

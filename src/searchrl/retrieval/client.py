@@ -19,7 +19,7 @@ import httpx
 
 from searchrl.config import IndexConfig
 from searchrl.retrieval.base import SearchError
-from searchrl.retrieval.scan import neutralise
+from searchrl.rl.prompts import neutralize_tags
 from searchrl.types import SearchHit
 
 _RETRY_STATUS = frozenset({429, 502, 503, 504})
@@ -99,8 +99,8 @@ def _hit(item: dict[str, Any]) -> SearchHit:
     # Neutralised again here (idempotent): the server may be Search-R1's, which does not.
     doc = item["document"]
     title = doc.get("title")
-    return SearchHit(doc_id=str(doc["id"]), title=neutralise(str(title)) if title else None,
-                     contents=neutralise(str(doc["contents"])),
+    return SearchHit(doc_id=str(doc["id"]), title=neutralize_tags(str(title)) if title else None,
+                     contents=neutralize_tags(str(doc["contents"])),
                      score=float(item.get("score", 0.0)))
 
 

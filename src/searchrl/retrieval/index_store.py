@@ -35,7 +35,15 @@ import faiss
 import numpy as np
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import DataError, atomic_write_text, fingerprint, read_passages, read_qa
+from searchrl.data.io import (
+    DIR_MANIFEST,
+    DataError,
+    atomic_write_text,
+    fingerprint,
+    read_manifest,
+    read_passages,
+    read_qa,
+)
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.bm25 import BM25Index, Ranking
 from searchrl.retrieval.dense import (
@@ -48,14 +56,14 @@ from searchrl.retrieval.dense import (
     prepare_for_search,
 )
 from searchrl.retrieval.hybrid import rrf_fuse
-from searchrl.retrieval.scan import neutralise, scan_corpus
-from searchrl.tracking import MetricsSink
+from searchrl.retrieval.scan import scan_corpus
+from searchrl.rl.prompts import neutralize_tags
+from searchrl.sinks import MetricsSink
 from searchrl.types import Passage, SearchHit
 
 FORMAT_VERSION = 1
-# Bump when `scan.neutralise` changes, so stored passages are re-escaped.
-NEUTRALISE_VERSION = 1
-MANIFEST = "manifest.json"
+# Bump when `neutralize_tags` changes, so stored passages are re-escaped.
+NEUTRALISE_VERSION = 2
 MAIN_CORPUS = "main"
 # Candidates each retriever contributes to a hybrid fusion, at least.
 HYBRID_DEPTH = 50
@@ -95,15 +103,6 @@ def _key_fingerprint(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """A component's manifest, or None when absent or unreadable (= not complete)."""
-    try:
-        data: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data
-
-
 def _dir_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -111,7 +110,7 @@ def _dir_bytes(directory: Path) -> int:
 def _swap_into_place(tmp: Path, final: Path) -> None:
     if final.exists():
         # Unmark first: if we die between the renames, no stale dir claims to be complete.
-        (final / MANIFEST).unlink(missing_ok=True)
+        (final / DIR_MANIFEST).unlink(missing_ok=True)
         old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
         final.rename(old)
         tmp.rename(final)
@@ -127,7 +126,7 @@ def _component(directory: Path, key: dict[str, Any],
     Returns (manifest, reused). `build(tmp_dir)` writes the files and returns extra manifest
     fields; an exception (or interrupt) leaves the old complete component or nothing.
     """
-    existing = read_manifest(directory)
+    existing = read_manifest(directory, directory=True)
     if existing is not None and existing.get("key") == key:
         return existing, True
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -138,7 +137,7 @@ def _component(directory: Path, key: dict[str, Any],
         manifest = {"key": key, "fingerprint": _key_fingerprint(key), "complete": True,
                     "build_seconds": round(time.perf_counter() - start, 3),
                     "bytes": _dir_bytes(tmp), "built_at": time.time(), **extra}
-        atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+        atomic_write_text(tmp / DIR_MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
         _swap_into_place(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -288,7 +287,7 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out_dir)
-    (out_dir / MANIFEST).unlink(missing_ok=True)
+    (out_dir / DIR_MANIFEST).unlink(missing_ok=True)
     corpus_fp = fingerprint(corpus_path)
     wanted = components_for(config)
     # Parsed lazily: a fully reused index needs no pass over the corpus.
@@ -303,8 +302,8 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
     def build_passages(tmp: Path) -> dict[str, Any]:
         raw = corpus()
         report = scan_corpus(raw)
-        safe = [Passage(id=p.id, title=neutralise(p.title) if p.title else p.title,
-                        contents=neutralise(p.contents)) for p in raw]
+        safe = [Passage(id=p.id, title=neutralize_tags(p.title) if p.title else p.title,
+                        contents=neutralize_tags(p.contents)) for p in raw]
         text = "".join(p.model_dump_json() + "\n" for p in safe)
         atomic_write_text(tmp / "passages.jsonl", text)
         atomic_write_text(tmp / "scan.json", json.dumps(report.to_dict(), indent=2))
@@ -321,7 +320,7 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
     if "bm25" in wanted:
         def build_bm25(tmp: Path) -> dict[str, Any]:
             BM25Index.build([p.contents for p in corpus()], k1=config.bm25_k1, b=config.bm25_b,
-                            stopwords=config.bm25_stopwords, show_progress=progress).save(tmp)
+                            stopwords=config.bm25_stopwords).save(tmp)
             return {}
 
         manifests["bm25"], reused["bm25"] = _component(
@@ -361,7 +360,7 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
                           for c, m in manifests.items()}}
     if "faiss" in manifests:
         top["faiss"] = manifests["faiss"]["params"]
-    atomic_write_text(out_dir / MANIFEST, json.dumps(top, indent=2, sort_keys=True))
+    atomic_write_text(out_dir / DIR_MANIFEST, json.dumps(top, indent=2, sort_keys=True))
     build_seconds = time.perf_counter() - start
 
     result = IndexBuildResult(name=name, index_dir=out_dir, fingerprint=fp,
@@ -378,7 +377,7 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
                 result.recall[eval_name] = recall
     sink.log_metrics(result.metrics())
     sink.log_artifact(out_dir / "scan.json", f"index/{name}")
-    sink.log_artifact(out_dir / MANIFEST, f"index/{name}")
+    sink.log_artifact(out_dir / DIR_MANIFEST, f"index/{name}")
     return result
 
 
@@ -422,7 +421,7 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
     Returns (combined fingerprint, per-corpus results).
     """
     stage_dir.mkdir(parents=True, exist_ok=True)
-    (stage_dir / MANIFEST).unlink(missing_ok=True)
+    (stage_dir / DIR_MANIFEST).unlink(missing_ok=True)
     results = [build_index(path, stage_dir / name, config, dict(eval_sets.get(name, {})), sink,
                            name=name, progress=progress)
                for name, path in corpora.items()]
@@ -434,7 +433,7 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
                        "scan_findings": r.scan.get("findings", [])[:20]}
               for r in results}
     atomic_write_text(stage_dir / "report.json", json.dumps(report, indent=2))
-    atomic_write_text(stage_dir / MANIFEST, json.dumps(
+    atomic_write_text(stage_dir / DIR_MANIFEST, json.dumps(
         {"format": FORMAT_VERSION, "complete": True, "fingerprint": combined,
          "retriever": config.retriever, "corpora": {r.name: r.fingerprint for r in results}},
         indent=2, sort_keys=True))
@@ -445,7 +444,7 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
 
 
 def resolve_corpus(index_dir: Path, corpus: str) -> Path:
-    manifest = read_manifest(index_dir)
+    manifest = read_manifest(index_dir, directory=True)
     if manifest is not None and "corpus_fingerprint" in manifest:
         return index_dir  # already a corpus directory
     return index_dir / corpus
@@ -455,10 +454,10 @@ def load_corpus_searcher(corpus_dir: Path, config: IndexConfig,
                          encoder: Encoder | None = None) -> LocalSearcher:
     """A LocalSearcher over one complete corpus directory; IndexStoreError if incomplete or built
     with a different encoder than `config.encoder`."""
-    manifest = read_manifest(corpus_dir)
+    manifest = read_manifest(corpus_dir, directory=True)
     if manifest is None or not manifest.get("complete"):
-        raise IndexStoreError(f"{corpus_dir}: no complete index here (missing {MANIFEST}); run the "
-                          "build_index stage or `python -m searchrl.retrieval.index_store`")
+        raise IndexStoreError(f"{corpus_dir}: no complete index here (missing {DIR_MANIFEST}); "
+                              "run the build_index stage (`python -m searchrl index`)")
     built = set(manifest["retrievers"])
     needed = {"bm25", "dense"} if config.retriever == "hybrid" else {config.retriever}
     if not needed <= built:
@@ -489,33 +488,3 @@ def load_searcher(index_dir: Path, config: IndexConfig, corpus: str = MAIN_CORPU
         return RetrievalClient.from_config(config)
     return load_corpus_searcher(resolve_corpus(Path(index_dir), corpus), config)
 
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m searchrl.retrieval.index_store --corpus PATH --out DIR [--eval NAME=QA]`:
-    build one corpus index without Prefect or MLflow; prints the result as JSON."""
-    import argparse
-
-    from searchrl.config import load_config
-    from searchrl.tracking import NullSink
-
-    parser = argparse.ArgumentParser(description="Build (or reuse) a corpus index")
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--name", default=MAIN_CORPUS)
-    parser.add_argument("--eval", action="append", default=[], metavar="NAME=QA_PATH")
-    parser.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = parser.parse_args(argv)
-    config = load_config(args.config, args.overrides).index
-    evals = dict(item.split("=", 1) for item in args.eval)
-    result = build_index(args.corpus, args.out, config,
-                         {k: Path(v) for k, v in evals.items()}, NullSink(), name=args.name)
-    print(json.dumps({"fingerprint": result.fingerprint, "passages": result.passages,
-                      "reused": result.components, "build_seconds": result.build_seconds,
-                      "index_bytes": result.index_bytes, "recall": result.recall,
-                      "scan": {k: v for k, v in result.scan.items() if k != "findings"}},
-                     indent=2))
-
-
-if __name__ == "__main__":
-    main()

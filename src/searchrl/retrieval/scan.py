@@ -5,8 +5,8 @@ Two kinds of finding per passage:
 - `tag`: the passage contains a rollout tag (`<answer>`, `</information>`, ...) or a chat
   template marker (`<|im_start|>`). Retrieved text is pasted into the policy's context inside
   `<information>`; a passage carrying `</information><answer>X</answer>` could end the block
-  and forge an answer. `neutralise` escapes these, and every hit a Searcher returns has
-  already been neutralised, so flagged passages stay searchable but inert.
+  and forge an answer. `rl.prompts.neutralize_tags` escapes these, and every hit a Searcher
+  returns has already been neutralised, so flagged passages stay searchable but inert.
 - `injection`: instruction-like text aimed at a model ("ignore previous instructions", "the
   correct answer is"). Natural language cannot be escaped reliably, so these are only
   flagged, in the stage report, for a human to look at.
@@ -19,16 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchrl.rl.prompts import TAG_LIKE
 from searchrl.types import Passage
-
-ROLLOUT_TAGS = ("think", "search", "information", "answer", "result", "tool_call", "tool_response")
-
-# `<answer>`, `</ answer >`, `<ANSWER id=1>`: anything a tokenizer or a regex parser of the
-# rollout could take for a tag. Chat-template markers like `<|im_end|>` likewise.
-_TAG_RE = re.compile(
-    r"<\s*/?\s*(?:" + "|".join(ROLLOUT_TAGS) + r")\b[^<>]*>|<\|[^<>|]{0,40}\|>",
-    re.IGNORECASE,
-)
 
 _INJECTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern, re.IGNORECASE))
@@ -45,14 +37,6 @@ _INJECTION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("search_steering", r"\b(?:do not|don't|never|stop)\s+(?:search|use the search)"),
     )
 )
-
-
-def neutralise(text: str) -> str:
-    """Escape rollout tags and chat markers (`<answer>` -> `&lt;answer&gt;`); other text as is.
-
-    Idempotent: the escaped form contains no `<`, so a second pass changes nothing.
-    """
-    return _TAG_RE.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
 
 
 @dataclass(frozen=True)
@@ -96,7 +80,7 @@ def scan_passage(passage: Passage) -> list[Finding]:
     """All findings for one passage (title and contents both checked)."""
     findings: list[Finding] = []
     text = f"{passage.title or ''}\n{passage.contents}"
-    for m in _TAG_RE.finditer(text):
+    for m in TAG_LIKE.finditer(text):
         findings.append(Finding(passage.id, "tag", m.group(0),
                                 _excerpt(text, m.start(), m.end())))
     for name, pattern in _INJECTION_PATTERNS:

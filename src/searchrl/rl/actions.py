@@ -1,13 +1,11 @@
-"""The tag protocol's action parser and the tag neutraliser for untrusted text.
+"""The tag protocol's action parser.
 
 A rollout turn is generated until `</search>`, `</answer>` or EOS. `parse_action` turns the
 text the policy generated in that turn into one action: `Search(query)`, `Answer(text)` or
 `Invalid(reason)`. It is only ever given policy text (plus the trusted `<answer>` opener the
 template may insert), never the prompt or inserted `<information>`; that is what keeps an
-`<answer>` inside a passage from scoring.
-
-`neutralize_tags` makes text from outside the policy (passages, questions) unable to form a
-protocol tag, whatever the tokenizer: the `<` of anything tag-shaped becomes `&lt;`.
+`<answer>` inside a passage from scoring (and `rl.prompts.neutralize_tags` defuses tags in
+that text besides).
 """
 
 from __future__ import annotations
@@ -15,11 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-TAG_NAMES = ("think", "search", "information", "answer")
-
-# Anything tag-shaped for a protocol tag name, tolerant of case and inner spaces, so a
-# passage cannot smuggle `< /Answer >` past a case-sensitive check.
-_TAG_LIKE = re.compile(r"<(?=\s*/?\s*(?:think|search|information|answer)\b)", re.IGNORECASE)
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -39,11 +32,6 @@ class Invalid:
 
 
 Action = Search | Answer | Invalid
-
-
-def neutralize_tags(text: str) -> str:
-    """`text` with every protocol-tag-shaped `<...>` defused (`<` -> `&lt;`); other text kept."""
-    return _TAG_LIKE.sub("&lt;", text)
 
 
 def parse_action(turn_text: str) -> Action:

@@ -13,6 +13,10 @@ Objective (Shao et al. 2024, eq. 3, with the choices we made):
 `agg` is `token_mean` (every policy token in the whole batch weighs the same, as DAPO;
 the paper's eq. 3 is `seq_mean_token_mean`: mean over tokens within a sequence, then over
 sequences). Both accept an explicit denominator so micro-batches sum to the full-batch mean.
+
+`old_logp` is the policy that sampled the rollouts (the trainer's no-grad pass before its
+first optimizer step on them): the ratio is 1 on the first mini-batch and departs from it
+as later mini-batches and epochs update the policy; the clip then bounds how far.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ class LossOutput:
     pg_loss: float
     kl: float
     clip_fraction: float
+    ratio_mean: float  # token mean of exp(logp - old_logp) over the mask
+    ratio_max_abs_dev: float  # max |ratio - 1| over the mask
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor,
@@ -88,10 +94,14 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
     """Clipped surrogate + kl_coef * k3 KL, aggregated over policy tokens.
 
     All token tensors are `[N, T]`, `advantages` is `[N]`. With `kl_coef == 0` `ref_logp` may be
-    None (no reference forward). Reported `kl` and `clip_fraction` are plain token means over
-    the mask (diagnostics, independent of `agg`).
+    None (no reference forward). Reported `kl`, `clip_fraction` and `ratio_mean` are plain
+    token means over the mask (diagnostics, independent of `agg`).
     """
     pg, active = clipped_surrogate(logp, old_logp, advantages, clip_eps)  # [N, T]
+    with torch.no_grad():
+        ratio = torch.exp(logp.detach() - old_logp)  # [N, T]
+        on = mask.bool()
+        any_on = bool(on.any())
     per_token = pg
     kl_value = 0.0
     if ref_logp is not None:
@@ -105,4 +115,6 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
         pg_loss=float(masked_aggregate(pg.detach(), mask, agg, denominator)),
         kl=kl_value,
         clip_fraction=float(masked_aggregate(active, mask, "token_mean")),
+        ratio_mean=float(masked_aggregate(ratio, mask, "token_mean")) if any_on else 1.0,
+        ratio_max_abs_dev=float((ratio[on] - 1.0).abs().max()) if any_on else 0.0,
     )

@@ -18,11 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-from torch import Tensor
 from transformers import PreTrainedTokenizerBase
-
-from searchrl.rl.records import RolloutRecord
 
 SegmentKind = Literal["sampled", "info", "glue", "forced"]
 SCORED_KINDS: tuple[SegmentKind, ...] = ("sampled", "forced")
@@ -88,26 +84,3 @@ def decode_policy_ids(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) ->
     kept = [i for i in ids if i not in drop]
     return str(tokenizer.decode(kept, skip_special_tokens=False))
 
-
-def collate(records: Sequence[RolloutRecord], pad_id: int) -> dict[str, Tensor]:
-    """Right-padded training tensors for prompt + response, all `[N, T]`.
-
-    `loss_mask[n, t]` is 1 iff token `input_ids[n, t]` was sampled by the policy (prompt,
-    inserted information, glue and padding are 0); `old_logprobs` is aligned the same way.
-    Token `t` is predicted by the logits at `t - 1`, so a trainer uses
-    `logits[:, :-1]` against `input_ids[:, 1:]` with `loss_mask[:, 1:]`.
-    """
-    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in records]
-    n, t = len(records), max(lengths, default=0)
-    input_ids = torch.full((n, t), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, t), dtype=torch.long)
-    mask = torch.zeros((n, t), dtype=torch.float32)
-    old = torch.zeros((n, t), dtype=torch.float32)
-    for row, rec in enumerate(records):
-        p, total = len(rec.prompt_ids), lengths[row]
-        input_ids[row, :total] = torch.tensor(rec.prompt_ids + rec.response_ids)
-        attention[row, :total] = 1
-        mask[row, p:total] = torch.tensor(rec.loss_mask, dtype=torch.float32)
-        old[row, p:total] = torch.tensor(rec.old_logprobs, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": mask,
-            "old_logprobs": old}

@@ -19,25 +19,16 @@ filtering and evaluation use it, never the shaped reward.
 from __future__ import annotations
 
 import re
-import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from searchrl.config import RewardConfig
 from searchrl.rl.actions import extract_answer
+from searchrl.rl.prompts import TAGS
+from searchrl.text import normalize_answer
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-_TAG = re.compile(r"</?(think|search|information|answer)>")
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+_TAG = re.compile(r"</?(" + "|".join(TAGS) + r")>")
 
 
 def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:

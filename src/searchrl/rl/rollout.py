@@ -48,6 +48,11 @@ from searchrl.types import QAExample, SearchHit
 Mode = Literal["agentic", "no_search", "retrieve_once"]
 MODES: tuple[Mode, ...] = ("agentic", "no_search", "retrieve_once")
 
+# Each chunk of a batch and each turn samples from its own seed (primes, so the streams of
+# neighbouring chunks and turns never coincide).
+_CHUNK_SEED_STRIDE = 7919
+_TURN_SEED_STRIDE = 104729
+
 
 @dataclass
 class RolloutBatch:
@@ -130,7 +135,8 @@ def run_rollouts(examples: Sequence[QAExample], generator: Generator, searcher: 
         step = rollout_cfg.max_batch_rows
         for chunk_no, start in enumerate(range(0, len(samples), step)):
             _run_chunk(samples[start:start + step], generator, searcher, rollout_cfg, glue,
-                       timers, greedy=greedy, seed=seed + 7919 * chunk_no, mode=mode)
+                       timers, greedy=greedy, seed=seed + _CHUNK_SEED_STRIDE * chunk_no,
+                       mode=mode)
     finally:
         generator.release()
     records = [_to_record(s, glue, reward_cfg, mode) for s in samples]
@@ -176,7 +182,7 @@ def _run_chunk(rows: list[_Sample], generator: Generator, searcher: Searcher,
         outputs = generator.generate([s.context() for s in live], params,
                                      keys=[s.key for s in live],
                                      limits=[lim for _, lim in live_limits],
-                                     seed=seed + 104729 * turn)
+                                     seed=seed + _TURN_SEED_STRIDE * turn)
         timers.generation_s += time.perf_counter() - t0
         turn += 1
         searching: list[tuple[_Sample, str]] = []
@@ -292,18 +298,19 @@ def _to_record(s: _Sample, glue: _Glue, reward_cfg: RewardConfig, mode: Mode) ->
     )
 
 
-def _stats(records: list[RolloutRecord], timers: _Timers, total_s: float,
-           temperature: float) -> dict[str, float]:
+def rollout_metrics(records: Sequence[RolloutRecord]) -> dict[str, float]:
+    """What a set of rollouts did, averaged per rollout (counts summed where named so): the
+    rollout loop's batch stats and the trainer's per-step metrics both start from these."""
     n = max(len(records), 1)
+    response = sum(len(r.response_ids) for r in records)
     sampled = sum(sum(r.loss_mask) for r in records)
     searches = sum(len(r.queries) for r in records)
     errors = sum(r.search_errors for r in records)
-    stats = {
+    metrics = {
         "rollouts": float(len(records)),
         "searches_per_rollout": searches / n,
         "search_errors": float(errors),
         "search_error_rate": errors / searches if searches else 0.0,
-        "search_calls": float(timers.search_calls),
         "format_rate": sum(r.reward_parts.get("format", 0.0) for r in records) / n,
         "answer_rate": sum(r.answer is not None for r in records) / n,
         "em": sum(r.reward_parts.get("em", 0.0) for r in records) / n,
@@ -311,14 +318,24 @@ def _stats(records: list[RolloutRecord], timers: _Timers, total_s: float,
         "correct_rate": sum(r.correct for r in records) / n,
         "reward_mean": sum(r.reward for r in records) / n,
         "turns_mean": sum(r.turns for r in records) / n,
-        "response_tokens_mean": sum(len(r.response_ids) for r in records) / n,
-        "sampled_tokens_mean": sampled / n,
+        "response_tokens": response / n,  # mean per rollout, inserted text included
+        "sampled_tokens_mean": sampled / n,  # policy tokens per rollout
+        "rollout_tokens": float(sampled),  # policy tokens in all
+        "mask_coverage": sampled / max(response, 1),  # share of the response the policy wrote
+    }
+    for reason in ("answer", "eos", "max_turns", "token_budget", "invalid"):
+        metrics[f"finish_{reason}_rate"] = sum(r.finish_reason == reason for r in records) / n
+    return metrics
+
+
+def _stats(records: list[RolloutRecord], timers: _Timers, total_s: float,
+           temperature: float) -> dict[str, float]:
+    sampled = sum(sum(r.loss_mask) for r in records)
+    return rollout_metrics(records) | {
+        "search_calls": float(timers.search_calls),
         "time_generation_s": timers.generation_s,
         "time_retrieval_s": timers.retrieval_s,
         "time_total_s": total_s,
         "sampled_tokens_per_s": sampled / timers.generation_s if timers.generation_s else 0.0,
         "temperature": temperature,
     }
-    for reason in ("answer", "eos", "max_turns", "token_budget", "invalid"):
-        stats[f"finish_{reason}_rate"] = sum(r.finish_reason == reason for r in records) / n
-    return stats

@@ -21,15 +21,23 @@ Several ranks (one shared filesystem): every rank writes its own `trainer_state.
 (`trainer_state_rank{r}.pt` for r > 0: each rank samples its own shard of questions), rank 0
 alone makes the temp dir, the replicated ZeRO-0 weights, the manifest and the rename, with
 barriers between; the manifest records the world size and resuming with another refuses.
+
+Run identity: `run_identity` hashes what a checkpoint must match to be resumed (the settings
+that shape training, the start policy, the questions); `prepare_checkpoint_dir` moves another
+run's checkpoints aside (`checkpoints.superseded-<time>`, kept as evidence), returns the
+checkpoint to resume (or None), and refuses when checkpoints exist but none verifies.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +45,20 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from searchrl.data.io import content_sha256
+from searchrl.config import PipelineConfig
+from searchrl.data.io import atomic_write_text, content_sha256
 from searchrl.train.ds import barrier, rank, world_size
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _PREFIX = "step_"
+RUN_KEY_FILE = "run_key.json"
+# Train settings that may change between a run and its resume (how long, how often to save
+# or evaluate); every other setting is part of the run's identity.
+OPERATIONAL_TRAIN_KEYS = frozenset({"steps", "checkpoint_every", "keep_checkpoints", "resume",
+                                    "eval_every", "eval_questions", "max_nonfinite_steps",
+                                    "sft"})
 
 
 class CheckpointError(RuntimeError):
@@ -255,3 +270,56 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
         engine.lr_scheduler.load_state_dict(state["scheduler"])
     restore_rng(state["rng"])
     return state
+
+
+# --- run identity: whose checkpoints these are
+
+
+def run_identity(config: PipelineConfig, question_ids: Sequence[str], init_dir: Path,
+                 n_ranks: int, *, init_key_file: Path) -> str:
+    """What a checkpoint must match to be resumed: the settings that shape training, the
+    start policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
+    sizes), the questions and the number of ranks. A sha256 hex digest."""
+    cfg = config.to_dict()
+    init = (init_key_file.read_text() if init_key_file.is_file() else
+            sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
+    payload = {"model": cfg["model"], "rollout": cfg["rollout"], "reward": cfg["reward"],
+               "curriculum": cfg["curriculum"], "seed": config.run.seed, "ranks": n_ranks,
+               "train": {k: v for k, v in cfg["train"].items()
+                         if k not in OPERATIONAL_TRAIN_KEYS},
+               "init": init, "questions": list(question_ids)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def prepare_checkpoint_dir(root: Path, run_key: str, *, resume: bool) -> Path | None:
+    """Make `root` this run's checkpoint dir; return the checkpoint to resume from, or None.
+
+    With `resume`, checkpoints of another run (no or another `RUN_KEY_FILE`) are moved aside
+    to `checkpoints.superseded-<time>` (kept as evidence) and this run starts afresh; if
+    checkpoints of this run exist but none verifies, raises CheckpointError (never silently
+    restart from step 0 over them). Without `resume`, or with nothing to resume, `root` is
+    emptied: a fresh run must never resume into (or be pruned together with) an old one.
+    Collective: every rank calls it; rank 0 alone moves, removes and writes.
+    """
+    root = Path(root)
+    lead = rank() == 0
+    key_path = root / RUN_KEY_FILE
+    if (lead and resume and any(root.glob(f"{_PREFIX}*"))
+            and (not key_path.is_file() or key_path.read_text() != run_key)):
+        aside = root.with_name(f"{root.name}.superseded-{time.strftime('%Y%m%dT%H%M%S')}")
+        root.rename(aside)
+        log.warning("%s holds checkpoints of a different run (config, start policy or "
+                    "questions changed); moved to %s, starting at step 0", root, aside)
+    barrier()
+    found = latest_checkpoint(root) if resume else None
+    if resume and found is None and (bad := sorted(root.glob(f"{_PREFIX}*"))):
+        raise CheckpointError(
+            f"{root}: no checkpoint passes verification ({', '.join(p.name for p in bad)});"
+            " inspect or remove them, or set train.resume=false to start over")
+    if found is None and root.exists() and lead:
+        shutil.rmtree(root)
+    if lead and not key_path.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(key_path, run_key)
+    barrier()
+    return found

@@ -109,11 +109,12 @@ def full_parameters(engine: Any) -> Iterator[None]:
 
 def ds_config(cfg: TrainConfig, samples_per_step: int, device: str,
               n_world: int = 1) -> dict[str, Any]:
-    """The DeepSpeed JSON for one optimizer step per rollout batch of `samples_per_step`.
+    """The DeepSpeed JSON for rollout batches of `samples_per_step` (the trainer sets the
+    gradient-accumulation boundaries itself: one optimizer step per PPO mini-batch).
 
     Each rank trains on its `samples_per_step / n_world` share in micro-batches of
-    `cfg.micro_batch_size`; gradient_accumulation_steps is that count, so DeepSpeed steps the
-    optimizer exactly once per rollout batch.
+    `cfg.micro_batch_size`; gradient_accumulation_steps is that count (DeepSpeed's batch-size
+    bookkeeping; the optimizer steps at the boundaries the trainer sets).
     """
     if samples_per_step % n_world:
         raise DeepSpeedSetupError(

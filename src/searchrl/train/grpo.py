@@ -1,67 +1,75 @@
-"""The GRPO trainer, top down: setup -> (rollout -> reward -> advantage -> update)* -> save.
+"""The GRPO trainer, top down: setup -> (generate -> score -> update -> re-estimate ->
+evaluate -> log -> checkpoint)* -> save.
 
-One optimizer step per rollout batch: `questions_per_step` questions x `group_size` samples
-are rolled out with the live policy, scored, turned into group-relative advantages, and used
-for `ppo_epochs` passes of micro-batches through the DeepSpeed engine, which accumulates
-gradients and steps once.
+Each step rolls out `questions_per_step` questions x `group_size` samples with the live
+policy, scores them, turns the rewards into group-relative advantages, and makes
+`ppo_epochs x ppo_mini_batches` optimizer steps on them through the DeepSpeed engine (each
+mini-batch accumulates gradients over its micro-batches and steps once).
 
 Weight sync: the `hf` generator holds the engine's module, so it always samples with the
 weights just updated (in-process, nothing to copy); the `vllm` generator owns a copy, which
-gets the engine's parameters after every optimizer step and after a resume
-(`generator.update_weights`, gathered first under ZeRO-3).
+gets the engine's parameters after every update and after a resume (`generator.update_weights`,
+gathered first under ZeRO-3).
 
 Several ranks (`deepspeed --num_gpus N`, or N gloo processes on CPU): rank r samples its own
 shard of the curriculum (every N-th question from r, order kept), rolls out
-`questions_per_step / N` questions with its own seeds, and the loss is normalised by the
-token count of all ranks, so the averaged gradient is the single-process one. Ranks run the
-same number of micro-batches (a rank short of informative groups runs zero-weight ones:
-ZeRO-2 reduces gradients inside every backward), agree on skipping a non-finite step, and
-rank 0 alone writes metrics, evaluates, and saves the policy.
+`questions_per_step / N` questions with its own seeds, and each mini-batch's loss is
+normalised by that mini-batch's token count over all ranks, so the averaged gradient is the
+single-process one. Every rank runs the same number of mini-batches and, in each, of
+micro-batches (a rank short of informative groups runs zero-weight ones: ZeRO-2 reduces
+gradients inside every backward), the ranks agree on skipping a non-finite step, and rank 0
+alone writes metrics, evaluates, and saves the policy.
 
 The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
 - advantage: group mean baseline, divided by the group std (`train.std_normalize`; off ->
   Dr. GRPO's unnormalised advantage); see `rl/advantages.py`.
 - KL: k3 estimator to a frozen copy of the starting policy, *in the loss* (as eq. 3, not as
   a reward penalty), weight `train.kl_coef` (0 skips the reference forward).
-- aggregation: `train.loss_agg`, default `token_mean` over every policy token of the batch
-  (DAPO) instead of eq. 3's mean of per-sequence means; see `rl/loss.py`.
+- aggregation: `train.loss_agg`, default `token_mean` over every policy token of the
+  mini-batch (DAPO) instead of eq. 3's mean of per-sequence means; see `rl/loss.py`.
 - masking: only tokens the policy sampled carry loss; inserted `<information>` text and
   template glue are masked out (Search-R1's retrieved-token masking).
 - temperature: log-probs (ratio, KL, entropy) are of softmax(logits / rollout.temperature),
   the distribution the rollout sampled from, not of the raw logits.
-- old log-probs: recomputed by the training forward pass (`logp.detach()` on the first
-  epoch, so the ratio starts at exactly 1), not taken from the sampler; the mean absolute
-  difference to the sampler's log-probs is logged as `logprob_mismatch`.
+- old log-probs: one no-grad forward pass of the engine over the rollout batch before the
+  first optimizer step on it, i.e. of the policy that sampled it (with the hf backend the
+  engine's module *is* the sampler); the sampler's own log-probs are not used for the ratio,
+  their mean absolute difference to the pass is logged as `logprob_mismatch`.
+- ratio and mini-batches: the batch is split into `train.ppo_mini_batches` mini-batches, one
+  optimizer step each, for `train.ppo_epochs` epochs (mini-batch order shuffled per epoch,
+  seeded by step and epoch, so a resume replays it). The ratio is exactly 1 on the first
+  mini-batch and departs from it after; the PPO clip (`train.clip_eps`) bounds it, logged as
+  `clip_fraction`, `ratio_mean` and `ratio_max_abs_dev`. With 1 and 1 (the default): one
+  optimizer step per rollout batch, ratio 1, the clip never fires.
 - dynamic sampling (`curriculum.dynamic_filtering`): groups without reward variance are
   dropped and the batch is refilled from the curriculum sampler (DAPO), a bounded number of
   rounds.
 
-Run as a script (`python -m searchrl.train.grpo --config ...`; on GPUs
-`deepspeed --num_gpus N -m searchrl.train.grpo --config ...`) or call `train_policy_run`.
+Entry points: `train_policy_run` (cold start + GRPO; `python -m searchrl train` and the flow
+call it) and `train_grpo` (GRPO from a given start policy).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import hashlib
 import json
 import logging
 import math
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from searchrl.config import PipelineConfig, load_config
+from searchrl.codehash import code_fingerprint
+from searchrl.config import PipelineConfig, TrainConfig
 from searchrl.curriculum.difficulty import (
     RefillingSampler,
     estimate_difficulty,
@@ -69,16 +77,24 @@ from searchrl.curriculum.difficulty import (
 )
 from searchrl.data.io import atomic_write_text, read_passages, read_qa
 from searchrl.generation.base import Generator
-from searchrl.generation.factory import make_generator
+from searchrl.generation.factory import make_generator, resolve_device
 from searchrl.models.tiny import init_policy, load_policy
+from searchrl.plots import save_figure
 from searchrl.retrieval.base import Searcher
+from searchrl.retrieval.bm25 import BM25Index
+from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.advantages import advantage_stats, group_advantages
 from searchrl.rl.loss import aggregate_denominator, grpo_loss
 from searchrl.rl.prompts import ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, build_prompt, format_passages
 from searchrl.rl.records import RolloutRecord
-from searchrl.rl.rollout import RolloutBatch, run_rollouts
-from searchrl.tracking import MetricsSink, NullSink
-from searchrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from searchrl.rl.rollout import RolloutBatch, rollout_metrics, run_rollouts
+from searchrl.sinks import MetricsSink, NullSink
+from searchrl.train.checkpoint import (
+    load_checkpoint,
+    prepare_checkpoint_dir,
+    run_identity,
+    save_checkpoint,
+)
 from searchrl.train.demos import SearcherFactory, build_demos, corpus_documents, world_demos
 from searchrl.train.ds import (
     all_reduce,
@@ -97,15 +113,8 @@ log = logging.getLogger(__name__)
 
 RolloutFn = Callable[..., RolloutBatch]
 GeneratorFactory = Callable[..., Generator]
-# Per-step metrics averaged over ranks (each rank rolls out its own questions).
-_RANK_MEAN_KEYS = ("correct_rate", "searches_per_rollout", "format_rate", "response_tokens",
-                   "mask_coverage", "search_errors", "reward_mean", "reward_std",
-                   "zero_variance_fraction", "groups_used")
 SFT_KEY_FILE = "searchrl_sft.json"
 SFT_STATS_FILE = "searchrl_sft_stats.json"
-RUN_KEY_FILE = "run_key.json"
-# Bumped when the demonstration text format changes, so an old cold start is not reused.
-DEMO_FORMAT_VERSION = 2
 
 
 class TrainingError(RuntimeError):
@@ -133,10 +142,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(config: PipelineConfig) -> str:
-    if config.run.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return config.run.device
+# --- seeds: every random draw of the loop is a pure function of where it happens, not of
+# global RNG state, so a resumed run replays it exactly. Changing a value changes every result.
+
+SeedPurpose = Literal["rollout", "reestimate", "minibatch_order"]
+WORLD_SEED_STRIDE = 7_919  # extra synthetic worlds of the cold start: base + stride * (i + 1)
+_RUN_STRIDE = 1_000_003  # run seed -> a block of training-rollout seeds
+_STEP_STRIDE = 31  # step -> room for 31 rollout calls (refills) per step
+_RANK_STRIDE = 7_777_777  # rank -> its own seeds
+_REESTIMATE_RUN_STRIDE = 7_919
+_ORDER_SALT = 0x5EED
+
+
+def rollout_seed(base_seed: int, step: int, call: int, rank: int,
+                 purpose: SeedPurpose) -> int:
+    """The seed of one random draw of the trainer.
+
+    rollout          the `call`-th rollout call of `step` (refills count up) on `rank`
+    reestimate       the difficulty re-estimate after `step` (`call` unused)
+    minibatch_order  the mini-batch order of epoch `call` of `step` (the same on every rank)
+    """
+    if purpose == "rollout":
+        return (base_seed * _RUN_STRIDE + step) * _STEP_STRIDE + call + _RANK_STRIDE * rank
+    if purpose == "reestimate":
+        return base_seed * _REESTIMATE_RUN_STRIDE + step + _RANK_STRIDE * rank
+    return ((base_seed * _RUN_STRIDE + step) * _STEP_STRIDE + call) ^ _ORDER_SALT
 
 
 # --- cold start
@@ -155,14 +185,16 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     Tiny model: tokenizer trained on corpus + demonstrations, model built from config, SFT on
     scripted demonstrations. Pretrained: loaded, then SFT if `train.sft.enabled`, else the
     model is saved unchanged. Reused as is when `out_dir` holds a policy made from the same
-    config sections and data (a key file is written last, so a half-built dir is never reused).
+    config sections, data and code (`code_fingerprint(cold_start)`: the demo builder, its
+    BM25 searcher, SFT and model code it reaches, so an edited demo builder never reuses an
+    old cold start; a key file is written last, so a half-built dir is never reused).
     """
     sink = sink or NullSink()
     cfg = config.train.sft
     key = {"model": config.to_dict()["model"], "sft": cfg.model_dump(mode="json"),
            "rollout_format": [config.rollout.top_k, config.rollout.info_token_budget],
            "seed": config.run.seed, "train_ids": [e.id for e in train_examples],
-           "n_passages": len(passages), "demo_format": DEMO_FORMAT_VERSION}
+           "n_passages": len(passages), "code": code_fingerprint(cold_start)}
     if cfg.extra_worlds and cfg.extra_world_demos:
         key["extra_world"] = config.data.synthetic.model_dump(mode="json")
     key_file = out_dir / SFT_KEY_FILE
@@ -213,14 +245,11 @@ def extra_world_seeds(config: PipelineConfig) -> list[int]:
     """Seeds of the extra synthetic worlds the cold start draws demonstrations from (none
     equals the evaluated world's)."""
     base = config.data.synthetic.seed
-    return [base + 7919 * (i + 1) for i in range(config.train.sft.extra_worlds)]
+    return [base + WORLD_SEED_STRIDE * (i + 1) for i in range(config.train.sft.extra_worlds)]
 
 
 def _bm25_searcher(config: PipelineConfig) -> SearcherFactory:
     """An in-memory BM25 searcher per extra world (the index stage's BM25 settings)."""
-    from searchrl.retrieval.bm25 import BM25Index
-    from searchrl.retrieval.index_store import LocalSearcher
-
     icfg = config.index.model_copy(update={"retriever": "bm25"})
 
     def make(passages: Sequence[Passage]) -> Searcher:
@@ -234,53 +263,45 @@ def _bm25_searcher(config: PipelineConfig) -> SearcherFactory:
 # --- the trainer
 
 
-def _rollout_metrics(batch: RolloutBatch, records: Sequence[RolloutRecord]) -> dict[str, float]:
-    n = max(len(records), 1)
-    response = sum(len(r.response_ids) for r in records)
-    sampled = sum(sum(r.loss_mask) for r in records)
-    s = batch.stats
-    return {
-        "correct_rate": sum(r.correct for r in records) / n,
-        "searches_per_rollout": sum(len(r.queries) for r in records) / n,
-        "format_rate": sum(r.reward_parts.get("format", 0.0) for r in records) / n,
-        "response_tokens": response / n,
-        "mask_coverage": sampled / max(response, 1),
-        "search_errors": float(sum(r.search_errors for r in records)),
-        "time_generation_s": s.get("time_generation_s", 0.0),
-        "time_retrieval_s": s.get("time_retrieval_s", 0.0),
-        "rollout_tokens": float(sampled),
-    }
+@dataclass
+class TrainerState:
+    """Everything the loop works on: built by `setup_trainer`, advanced by the loop's steps."""
+
+    config: PipelineConfig
+    engine: Any  # the DeepSpeed engine (its module is the policy)
+    ref: PreTrainedModel | None  # frozen start policy for the KL term (None: kl_coef == 0)
+    generator: Generator
+    tokenizer: Any
+    sampler: RefillingSampler
+    searcher: Searcher
+    rollout_fn: RolloutFn
+    sink: MetricsSink
+    out_dir: Path
+    rank: int
+    n_ranks: int
+    start_step: int = 0
+    skipped: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    lead: bool = field(init=False)  # rank 0: logs, evaluates, saves
+    checkpoints: Path = field(init=False)
+    metrics_path: Path = field(init=False)
+    pad_id: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lead = self.rank == 0
+        self.checkpoints = self.out_dir / "checkpoints"
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.pad_id = int(self.tokenizer.pad_token_id)
 
 
-def _micro_slices(n: int, micro: int) -> list[tuple[int, int]]:
-    return [(i, min(i + micro, n)) for i in range(0, n, micro)]
+@dataclass
+class Rollouts:
+    """One step's rollouts: the groups to learn from, and every record rolled out."""
 
-
-def _ref_logprobs(ref: PreTrainedModel | None, batch: PackedBatch, temperature: float
-                  ) -> torch.Tensor | None:
-    if ref is None:
-        return None
-    with torch.no_grad():
-        out = ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                  use_cache=False)
-        return token_logprobs(out.logits.float() / temperature, batch.input_ids)
-
-
-def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,
-                config: PipelineConfig, rollout_fn: RolloutFn = run_rollouts,
-                mode: str = "agentic") -> dict[str, float]:
-    """Greedy EM and searches per question, overall and by hop count (for the curve)."""
-    batch = rollout_fn(examples, generator, searcher, config.rollout, config.reward,
-                       group_size=1, greedy=True, seed=0, mode=mode)
-    by_ex = {e.id: e for e in examples}
-    out: dict[str, float] = {}
-    groups: dict[str, list[RolloutRecord]] = {"all": list(batch.records)}
-    for r in batch.records:
-        groups.setdefault(f"hop{by_ex[r.example_id].hops}", []).append(r)
-    for name, recs in groups.items():
-        out[f"em_{name}"] = sum(r.correct for r in recs) / len(recs)
-        out[f"searches_{name}"] = sum(len(r.queries) for r in recs) / len(recs)
-    return out
+    records: list[RolloutRecord]
+    all_records: list[RolloutRecord]
+    metrics: dict[str, float]
 
 
 def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], searcher: Searcher,
@@ -301,15 +322,55 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     steps. `generator_factory(rollout_cfg, model, tokenizer, device=, model_path=)` builds the
     rollout backend (default: `rollout.backend`).
     """
-    sink = sink or NullSink()
-    tcfg, rcfg = config.train, config.rollout
-    group = rcfg.group_size
-    device = resolve_device(config)
     started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_root, metrics_path = out_dir / "checkpoints", out_dir / "metrics.jsonl"
+    state = setup_trainer(config, train_examples, searcher, init_dir, out_dir, sink=sink,
+                          rollout_fn=rollout_fn, generator_factory=generator_factory)
+    tcfg = config.train
+    end = tcfg.steps if stop_after is None else min(tcfg.steps, state.start_step + stop_after)
+    bar = tqdm(range(state.start_step, end), desc="grpo", disable=not (progress and state.lead),
+               initial=state.start_step, total=tcfg.steps)
+    for step in bar:
+        t0 = time.perf_counter()
+        # --- rollout (G samples per question, with the live weights)
+        rollouts = generate(state, step)
+        # --- reward and advantages
+        advantages, metrics = score(state, rollouts)
+        # --- update (every rank takes the same branch)
+        metrics |= update(state, step, rollouts, advantages)
+        # --- periodic difficulty re-estimate: retire questions the policy now always solves
+        if _every(config.curriculum.reestimate_every, step) and step + 1 < end:
+            metrics |= reestimate(state, step)
+        # --- eval (greedy, for the learning curve)
+        if state.lead and eval_examples and tcfg.eval_every and (
+                _every(tcfg.eval_every, step) or step + 1 == tcfg.steps):
+            metrics |= evaluate(state, eval_examples)
+        # --- log
+        log_step(state, step, metrics, seconds=time.perf_counter() - t0)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
+                        acc=f"{metrics['correct_rate']:.2f}",
+                        srch=f"{metrics['searches_per_rollout']:.1f}")
+        # --- checkpoint
+        if _every(tcfg.checkpoint_every, step) or step + 1 == end:
+            checkpoint(state, step + 1)
+    bar.close()
+    # --- save
+    return finish(state, init_dir, seconds=time.perf_counter() - started)
 
-    # --- setup
+
+def _every(period: int, step: int) -> bool:
+    """Whether `step` (0-based) ends a period of `period` steps (0: never)."""
+    return bool(period) and (step + 1) % period == 0
+
+
+def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
+                  searcher: Searcher, init_dir: Path, out_dir: Path, *,
+                  sink: MetricsSink | None, rollout_fn: RolloutFn,
+                  generator_factory: GeneratorFactory) -> TrainerState:
+    """Seeds, policy, reference, engine, generator and sampler; resumed from this run's newest
+    verified checkpoint when `train.resume` (another run's are moved aside)."""
+    tcfg, rcfg = config.train, config.rollout
+    device = resolve_device(config.run.device)
+    out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.run.seed)
     model, tokenizer = load_policy(init_dir, config.model.dtype)
     model.to(torch.device(device))  # type: ignore[arg-type]
@@ -323,212 +384,194 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         raise TrainingError("train.zero_stage=3 partitions the weights the hf rollout backend "
                             "generates with (an all-gather per token); use rollout.backend=vllm "
                             "or train.zero_stage<=2")
-    engine = build_engine(model, tcfg, tcfg.questions_per_step * group, device)
+    engine = build_engine(model, tcfg, tcfg.questions_per_step * rcfg.group_size, device)
     n_ranks, me = world_size(), rank()
-    lead = me == 0
     if tcfg.questions_per_step % n_ranks or len(train_examples) < n_ranks:
         raise TrainingError(f"train.questions_per_step={tcfg.questions_per_step} and the "
                             f"{len(train_examples)} training questions must split over "
                             f"{n_ranks} ranks")
-    questions_per_rank = tcfg.questions_per_step // n_ranks
     generator = generator_factory(rcfg, engine.module, tokenizer, device=device,
                                   model_path=init_dir)
     sampler = RefillingSampler(pool=list(train_examples)[me::n_ranks],
                                seed=config.run.seed + me)
-    pad_id = int(tokenizer.pad_token_id)
-
-    start_step, skipped, history = 0, 0, []
-    # Checkpoints of another run (other config, start policy or questions) are never resumed:
-    # they are moved aside (kept as evidence) and this run starts at step 0.
-    run_key = _run_key(config, train_examples, init_dir, n_ranks)
-    key_path = ckpt_root / RUN_KEY_FILE
-    if (lead and tcfg.resume and any(ckpt_root.glob("step_*"))
-            and (not key_path.is_file() or key_path.read_text() != run_key)):
-        aside = ckpt_root.with_name(f"checkpoints.superseded-{time.strftime('%Y%m%dT%H%M%S')}")
-        ckpt_root.rename(aside)
-        log.warning("%s holds checkpoints of a different run (config, start policy or "
-                    "questions changed); moved to %s, starting at step 0", ckpt_root, aside)
-    barrier()
-    if tcfg.resume and (ckpt := latest_checkpoint(ckpt_root)) is not None:
-        state = load_checkpoint(ckpt, engine)
-        start_step, skipped = int(state["step"]), int(state["skipped"])
-        sampler.load_state_dict(state["sampler"])
-        history = json.loads(state["history"])
+    state = TrainerState(config=config, engine=engine, ref=ref, generator=generator,
+                         tokenizer=tokenizer, sampler=sampler, searcher=searcher,
+                         rollout_fn=rollout_fn, out_dir=out_dir, rank=me, n_ranks=n_ranks,
+                         sink=sink if sink is not None and me == 0 else NullSink())
+    run_key = run_identity(config, [e.id for e in train_examples], init_dir, n_ranks,
+                           init_key_file=init_dir / SFT_KEY_FILE)
+    ckpt = prepare_checkpoint_dir(state.checkpoints, run_key, resume=tcfg.resume)
+    if ckpt is not None:
+        saved = load_checkpoint(ckpt, engine)
+        state.start_step, state.skipped = int(saved["step"]), int(saved["skipped"])
+        sampler.load_state_dict(saved["sampler"])
+        state.history = json.loads(saved["history"])
+        state.losses = [h["loss"] for h in state.history if "loss" in h]
         _sync_weights(generator, engine)
-        log.info("resumed from %s (step %d)", ckpt, start_step)
-    elif tcfg.resume and (bad := sorted(ckpt_root.glob("step_*"))):
-        # Every finished checkpoint failed verification: keep the evidence, never silently
-        # restart from step 0 over it.
-        raise TrainingError(
-            f"{ckpt_root}: no checkpoint passes verification ({', '.join(p.name for p in bad)});"
-            " inspect or remove them, or set train.resume=false to start over")
-    elif ckpt_root.exists() and lead:
-        # A fresh run must never resume into (or be pruned together with) an old run.
-        shutil.rmtree(ckpt_root)
-    if lead and not key_path.is_file():
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(key_path, run_key)
-    barrier()
-    if not lead:
-        sink = NullSink()
-    sink.log_params({"train": tcfg.model_dump(mode="json"), "device": device,
-                     "zero_stage": int(engine.zero_optimization_stage()),
-                     "world_size": n_ranks, "resumed_from_step": start_step})
+        log.info("resumed from %s (step %d)", ckpt, state.start_step)
+    state.sink.log_params({"train": tcfg.model_dump(mode="json"), "device": device,
+                           "zero_stage": int(engine.zero_optimization_stage()),
+                           "world_size": n_ranks, "resumed_from_step": state.start_step})
+    return state
 
-    end_step = tcfg.steps if stop_after is None else min(tcfg.steps, start_step + stop_after)
-    bar = tqdm(range(start_step, end_step), desc="grpo", disable=not (progress and lead),
-               initial=start_step, total=tcfg.steps)
-    losses: list[float] = [h["loss"] for h in history if "loss" in h]
-    for step in bar:
-        # --- rollout (G samples per question, with the live weights)
-        t0 = time.perf_counter()
-        calls = [0]
-        batches: list[RolloutBatch] = []
 
-        def roll(examples: Sequence[QAExample], _calls: list[int] = calls,
-                 _batches: list[RolloutBatch] = batches, _step: int = step
-                 ) -> list[RolloutRecord]:
-            # Seeded by step and call, not by global RNG state: resume replays it exactly.
-            b = rollout_fn(examples, generator, searcher, rcfg, config.reward,
-                           group_size=group, seed=(config.run.seed * 1_000_003 + _step) * 31
-                           + _calls[0] + 7_777_777 * me)
-            _calls[0] += 1
-            _batches.append(b)
-            return b.records
+def generate(state: TrainerState, step: int) -> Rollouts:
+    """Roll out this rank's questions of `step` (refilled with informative groups under
+    `curriculum.dynamic_filtering`), seeded by step, call and rank."""
+    config, t0 = state.config, time.perf_counter()
+    group = config.rollout.group_size
+    batches: list[RolloutBatch] = []
 
-        if config.curriculum.dynamic_filtering:
-            groups, fill = fill_informative_groups(
-                sampler, questions_per_rank, group, roll, config.curriculum.max_refill_rounds)
-            records = [r for g in groups for r in g]
+    def roll(examples: Sequence[QAExample]) -> list[RolloutRecord]:
+        seed = rollout_seed(config.run.seed, step, len(batches), state.rank, "rollout")
+        batches.append(state.rollout_fn(examples, state.generator, state.searcher,
+                                        config.rollout, config.reward, group_size=group,
+                                        seed=seed))
+        return batches[-1].records
+
+    per_rank = config.train.questions_per_step // state.n_ranks
+    fill: dict[str, float] = {}
+    if config.curriculum.dynamic_filtering:
+        groups, fill = fill_informative_groups(state.sampler, per_rank, group, roll,
+                                               config.curriculum.max_refill_rounds)
+        records = [r for g in groups for r in g]
+    else:
+        records = roll(state.sampler.draw(per_rank))
+    metrics = {f"fill_{k}": v for k, v in fill.items() if k != "zero_variance_fraction"}
+    for key in ("time_generation_s", "time_retrieval_s"):
+        metrics[key] = sum(b.stats.get(key, 0.0) for b in batches)
+    metrics["time_rollout_s"] = time.perf_counter() - t0
+    return Rollouts(records=records, all_records=[r for b in batches for r in b.records],
+                    metrics=metrics)
+
+
+def score(state: TrainerState, rollouts: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group-relative advantages of the groups to learn from, and the step's rollout metrics
+    over every record (averaged over ranks)."""
+    group, tcfg = state.config.rollout.group_size, state.config.train
+    stats = advantage_stats(torch.tensor([r.reward for r in rollouts.all_records]), group)
+    metrics = rollout_metrics(rollouts.all_records) | {
+        "reward_mean": stats.reward_mean, "reward_std": stats.reward_std,
+        "zero_variance_fraction": stats.zero_variance_fraction,
+        "groups_used": len(rollouts.records) / group}
+    if state.n_ranks > 1:
+        keys = sorted(metrics)
+        means = all_reduce([metrics[k] for k in keys])
+        metrics = {k: v / state.n_ranks for k, v in zip(keys, means, strict=True)}
+    rewards = torch.tensor([r.reward for r in rollouts.records], dtype=torch.float32)
+    advantages = (group_advantages(rewards, group, std_normalize=tcfg.std_normalize)
+                  if rollouts.records else rewards)
+    return advantages, metrics | rollouts.metrics
+
+
+def update(state: TrainerState, step: int, rollouts: Rollouts, advantages: torch.Tensor
+           ) -> dict[str, float]:
+    """The policy update of `step` on every rank, or a skip every rank agrees on: no rank has
+    a group to learn from (nothing to learn), or some value is non-finite (counted; raises
+    TrainingError past `train.max_nonfinite_steps`). A rank without groups of its own joins
+    with zero-weight micro-batches on its first group."""
+    records = rollouts.records
+    anyone_has = all_reduce([float(bool(records))], "max")[0]
+    all_finite = all_reduce([float(bool(torch.isfinite(advantages).all()))], "min")[0]
+    if not anyone_has:
+        log.warning("step %d: no group with reward variance; nothing to learn", step)
+        return {"skipped": 1.0}
+    result = None
+    if all_finite:
+        if records:
+            result = _update(state, step, records, advantages)
         else:
-            records = roll(sampler.draw(questions_per_rank))
-            fill = {}
-        all_records = [r for b in batches for r in b.records]
-        metrics = _rollout_metrics(batches[0], all_records)
-        metrics["time_generation_s"] = sum(b.stats.get("time_generation_s", 0.0)
-                                           for b in batches)
-        metrics["time_retrieval_s"] = sum(b.stats.get("time_retrieval_s", 0.0) for b in batches)
-        metrics["time_rollout_s"] = time.perf_counter() - t0
-        all_rewards = torch.tensor([r.reward for r in all_records])
-        stats = advantage_stats(all_rewards, group)
-        metrics |= {"reward_mean": stats.reward_mean, "reward_std": stats.reward_std,
-                    "zero_variance_fraction": stats.zero_variance_fraction,
-                    "groups_used": len(records) / group}
-        metrics |= {f"fill_{k}": v for k, v in fill.items() if k != "zero_variance_fraction"}
+            filler = rollouts.all_records[:state.config.rollout.group_size]
+            result = _update(state, step, filler, torch.zeros(len(filler)), weight=0.0)
+        _sync_weights(state.generator, state.engine)
+    if result is None:
+        state.skipped += 1
+        log.warning("step %d skipped: non-finite advantages or loss (%d so far)", step,
+                    state.skipped)
+        limit = state.config.train.max_nonfinite_steps
+        if state.skipped > limit:
+            raise TrainingError(
+                f"{state.skipped} steps skipped for non-finite values (limit "
+                f"train.max_nonfinite_steps={limit}); lower train.lr or check rewards")
+        return {"skipped": 1.0}
+    state.losses.append(result["loss"])
+    return result
 
-        if n_ranks > 1:
-            means = all_reduce([metrics.get(k, 0.0) for k in _RANK_MEAN_KEYS])
-            metrics |= {k: v / n_ranks for k, v in zip(_RANK_MEAN_KEYS, means, strict=True)}
 
-        # --- advantages
-        rewards = torch.tensor([r.reward for r in records], dtype=torch.float32)
-        advantages = (group_advantages(rewards, group, std_normalize=tcfg.std_normalize)
-                      if records else rewards)
-        # Every rank takes the same branch: any rank with data -> all update (a rank without
-        # runs zero-weight micro-batches on its first group); any non-finite -> all skip.
-        anyone_has, all_finite = all_reduce([float(bool(records))], "max")[0], all_reduce(
-            [float(bool(torch.isfinite(advantages).all()))], "min")[0]
-        update = None
-        if anyone_has and all_finite:
-            if records:
-                update = _update(engine, ref, records, advantages, pad_id, config)
-            else:
-                filler = all_records[:group]
-                update = _update(engine, ref, filler, torch.zeros(len(filler)), pad_id, config,
-                                 weight=0.0)
-        if update is not None:
-            _sync_weights(generator, engine)
-        if update is None and not anyone_has:
-            log.warning("step %d: no group with reward variance; nothing to learn", step)
-            metrics["skipped"] = 1.0
-        elif update is None:
-            skipped += 1
-            log.warning("step %d skipped: non-finite advantages or loss (%d so far)", step,
-                        skipped)
-            metrics["skipped"] = 1.0
-            if skipped > tcfg.max_nonfinite_steps:
-                raise TrainingError(
-                    f"{skipped} steps skipped for non-finite values (limit "
-                    f"train.max_nonfinite_steps={tcfg.max_nonfinite_steps}); lower train.lr "
-                    "or check rewards")
-        else:
-            metrics |= update
-            losses.append(update["loss"])
+def reestimate(state: TrainerState, step: int) -> dict[str, float]:
+    """Roll out the whole remaining pool; retire the questions the policy always solves."""
+    config = state.config
+    pool = list(state.sampler.pool)
+    estimate = state.rollout_fn(pool, state.generator, state.searcher, config.rollout,
+                                config.reward, group_size=config.rollout.group_size,
+                                seed=rollout_seed(config.run.seed, step, 0, state.rank,
+                                                  "reestimate"))
+    difficulties = estimate_difficulty(pool, estimate.records)
+    solved = {d.example_id for d in difficulties if d.pass_rate == 1.0}
+    retired = state.sampler.retire(solved)
+    return {"reestimate_solved_share": len(solved) / len(difficulties),
+            "reestimate_retired": float(retired), "pool_size": float(len(state.sampler.pool))}
 
-        # --- periodic difficulty re-estimate: retire questions the policy now always solves
-        every = config.curriculum.reestimate_every
-        if every and (step + 1) % every == 0 and step + 1 < end_step:
-            pool = list(sampler.pool)
-            estimate = rollout_fn(pool, generator, searcher, rcfg, config.reward,
-                                  group_size=group,
-                                  seed=config.run.seed * 7_919 + step + 7_777_777 * me)
-            difficulties = estimate_difficulty(pool, estimate.records)
-            solved = {d.example_id for d in difficulties if d.pass_rate == 1.0}
-            retired = sampler.retire(solved)
-            metrics |= {"reestimate_solved_share": len(solved) / len(difficulties),
-                        "reestimate_retired": float(retired),
-                        "pool_size": float(len(sampler.pool))}
 
-        # --- eval (greedy, for the learning curve) and logging
-        if lead and tcfg.eval_every and eval_examples and ((step + 1) % tcfg.eval_every == 0
-                                                           or step + 1 == tcfg.steps):
-            ev = greedy_eval(eval_examples, generator, searcher, config, rollout_fn)
-            metrics |= {f"dev_{k}": v for k, v in ev.items()}
-            metrics["dev_em"] = ev["em_all"]
-        metrics["step_seconds"] = time.perf_counter() - t0
-        metrics["lr"] = float(engine.get_lr()[0])
-        sink.log_metrics(metrics, step=step + 1)
-        history.append({"step": step + 1, **metrics})
-        if lead:
-            atomic_write_text(metrics_path, "".join(json.dumps(h) + "\n" for h in history))
-        bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
-                        acc=f"{metrics['correct_rate']:.2f}",
-                        srch=f"{metrics['searches_per_rollout']:.1f}")
-        done = step + 1
-        if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or done == end_step:
-            save_checkpoint(ckpt_root, done, engine,
-                            {"skipped": skipped, "sampler": sampler.state_dict(),
-                             "history": json.dumps(history)},
-                            keep=tcfg.keep_checkpoints)
-    bar.close()
+def evaluate(state: TrainerState, examples: Sequence[QAExample]) -> dict[str, float]:
+    """Greedy dev EM (overall as `dev_em`, and by hop count) for the learning curve."""
+    ev = greedy_eval(examples, state.generator, state.searcher, state.config, state.rollout_fn)
+    return {f"dev_{k}": v for k, v in ev.items()} | {"dev_em": ev["em_all"]}
 
-    # --- save
-    steps_done = max([h["step"] for h in history], default=0)
-    policy_dir = out_dir / "policy"
+
+def log_step(state: TrainerState, step: int, metrics: dict[str, float], *,
+             seconds: float) -> None:
+    """Send the step's metrics to the sink and (rank 0) rewrite metrics.jsonl."""
+    metrics["step_seconds"] = seconds
+    metrics["lr"] = float(state.engine.get_lr()[0])
+    state.sink.log_metrics(metrics, step=step + 1)
+    state.history.append({"step": step + 1, **metrics})
+    if state.lead:
+        atomic_write_text(state.metrics_path,
+                          "".join(json.dumps(h) + "\n" for h in state.history))
+
+
+def checkpoint(state: TrainerState, done: int) -> None:
+    """Checkpoint after `done` steps: engine, skip count, sampler state and history."""
+    save_checkpoint(state.checkpoints, done, state.engine,
+                    {"skipped": state.skipped, "sampler": state.sampler.state_dict(),
+                     "history": json.dumps(state.history)},
+                    keep=state.config.train.keep_checkpoints)
+
+
+def finish(state: TrainerState, init_dir: Path, *, seconds: float) -> TrainResult:
+    """Save the final policy and the curve once every step is done (rank 0), and report."""
+    steps_done = max([h["step"] for h in state.history], default=0)
+    policy_dir = state.out_dir / "policy"
     curve: Path | None = None
-    if steps_done >= tcfg.steps:
-        with full_parameters(engine):
-            if lead:
-                save_policy(engine.module, tokenizer, policy_dir)
-        if lead:
-            curve = plot_curve(history, out_dir / "curve.png")
+    if steps_done >= state.config.train.steps:
+        with full_parameters(state.engine):
+            if state.lead:
+                save_policy(state.engine.module, state.tokenizer, policy_dir)
+        if state.lead:
+            curve = plot_curve(state.history, state.out_dir / "curve.png")
         barrier()
-    return TrainResult(policy_dir=policy_dir, sft_dir=init_dir, metrics_path=metrics_path,
-                       curve_path=curve, steps_done=steps_done, resumed_from=start_step,
-                       skipped_steps=skipped, seconds=time.perf_counter() - started,
-                       losses=losses, final_metrics=history[-1] if history else {})
+    return TrainResult(policy_dir=policy_dir, sft_dir=init_dir, metrics_path=state.metrics_path,
+                       curve_path=curve, steps_done=steps_done, resumed_from=state.start_step,
+                       skipped_steps=state.skipped, seconds=seconds, losses=state.losses,
+                       final_metrics=state.history[-1] if state.history else {})
 
 
-# Train settings that may change between a run and its resume (how long, how often to save
-# or evaluate); every other setting is part of the run's identity.
-_OPERATIONAL_TRAIN_KEYS = {"steps", "checkpoint_every", "keep_checkpoints", "resume",
-                           "eval_every", "eval_questions", "max_nonfinite_steps", "sft"}
-
-
-def _run_key(config: PipelineConfig, train_examples: Sequence[QAExample], init_dir: Path,
-             n_ranks: int) -> str:
-    """What a checkpoint must match to be resumed: the settings that shape training, the
-    start policy (its cold-start key, else its files' names and sizes) and the questions."""
-    cfg = config.to_dict()
-    key_file = init_dir / SFT_KEY_FILE
-    init = (key_file.read_text() if key_file.is_file() else
-            sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
-    payload = {"model": cfg["model"], "rollout": cfg["rollout"], "reward": cfg["reward"],
-               "curriculum": cfg["curriculum"], "seed": config.run.seed, "ranks": n_ranks,
-               "train": {k: v for k, v in cfg["train"].items()
-                         if k not in _OPERATIONAL_TRAIN_KEYS},
-               "init": init, "questions": [e.id for e in train_examples]}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,
+                config: PipelineConfig, rollout_fn: RolloutFn = run_rollouts,
+                mode: str = "agentic") -> dict[str, float]:
+    """Greedy EM and searches per question, overall and by hop count (for the curve)."""
+    batch = rollout_fn(examples, generator, searcher, config.rollout, config.reward,
+                       group_size=1, greedy=True, seed=0, mode=mode)
+    by_ex = {e.id: e for e in examples}
+    out: dict[str, float] = {}
+    groups: dict[str, list[RolloutRecord]] = {"all": list(batch.records)}
+    for r in batch.records:
+        groups.setdefault(f"hop{by_ex[r.example_id].hops}", []).append(r)
+    for name, recs in groups.items():
+        out[f"em_{name}"] = sum(r.correct for r in recs) / len(recs)
+        out[f"searches_{name}"] = sum(len(r.queries) for r in recs) / len(recs)
+    return out
 
 
 def _sync_weights(generator: Generator, engine: Any) -> None:
@@ -540,72 +583,158 @@ def _sync_weights(generator: Generator, engine: Any) -> None:
             update_weights(engine.module)
 
 
-def _update(engine: Any, ref: PreTrainedModel | None, records: Sequence[RolloutRecord],
-            advantages: torch.Tensor, pad_id: int, config: PipelineConfig, *,
-            weight: float = 1.0) -> dict[str, float] | None:
-    """`ppo_epochs` passes of micro-batches, one optimizer step; None if a loss was
-    non-finite on any rank (gradients discarded, no optimizer step).
+# --- the policy update: old log-probs, then mini-batches x epochs of optimizer steps
 
-    The loss denominator is the mean over ranks of their denominators, so after DeepSpeed
-    averages the ranks' gradients the result is the all-rank token mean. Every rank runs the
-    largest micro-batch count of any rank (repeating its last micro-batch at weight 0).
-    `weight=0` makes every micro-batch a zero-weight one (a rank with nothing to learn).
+Rows = tuple[int, int]  # [start, stop) rows of the packed batch
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Per mini-batch: its micro-batches `(rows, real)` and its loss denominator. Every rank
+    runs as many micro-batches in each mini-batch (padding: its last one again at weight 0)."""
+
+    minis: list[list[tuple[Rows, bool]]]
+    denominators: list[float]
+
+
+def _micro_slices(start: int, stop: int, micro: int) -> list[Rows]:
+    return [(i, min(i + micro, stop)) for i in range(start, stop, micro)]
+
+
+def _plan(packed: PackedBatch, weight: float, cfg: TrainConfig, n_ranks: int) -> _Plan:
+    """Split the rank's rows into `ppo_mini_batches` contiguous, near-equal mini-batches
+    (records are question-major: groups stay together when the sizes allow) of micro-batches.
+
+    A mini-batch's denominator is the mean over ranks of their denominators of it (DeepSpeed
+    then averages the ranks' gradients: the all-rank token mean; a zero-weight rank adds 0).
+    A mini-batch empty on every rank gets no micro-batch and no optimizer step.
     """
-    tcfg = config.train
-    packed = pack_records(records, advantages, pad_id)
-    n_ranks = world_size()
-    denom = all_reduce([aggregate_denominator(packed.loss_mask, tcfg.loss_agg)])[0] / n_ranks
-    slices = _micro_slices(len(records), tcfg.micro_batch_size)
-    n_real = len(slices)
-    n_micro = int(all_reduce([float(n_real)], "max")[0])
-    slices += [slices[-1]] * (n_micro - n_real)
+    n, m = int(packed.advantages.numel()), cfg.ppo_mini_batches
+    rows = [(n * j // m, n * (j + 1) // m) for j in range(m)]
+    minis = [_micro_slices(a, b, cfg.micro_batch_size) for a, b in rows]
+    real = [len(s) if weight > 0.0 else 0 for s in minis]
+    counts = all_reduce([float(r) for r in real], "max")
+    local = [aggregate_denominator(packed.loss_mask[a:b], cfg.loss_agg) if r else 0.0
+             for (a, b), r in zip(rows, real, strict=True)]
+    fallback = (0, min(cfg.micro_batch_size, n))
+    plan = []
+    for slices, n_real, count in zip(minis, real, counts, strict=True):
+        pad = slices[-1] if slices else fallback
+        plan.append([(s, True) for s in slices[:n_real]] + [(pad, False)] * (int(count) - n_real))
+    return _Plan(plan, [d / n_ranks for d in all_reduce(local)])
+
+
+def no_grad_logprobs(model: Any, batch: PackedBatch, temperature: float) -> torch.Tensor:
+    """Token log-probs of softmax(logits / temperature) `[N, L-1]`, without gradient."""
+    with torch.no_grad():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    use_cache=False)
+        return token_logprobs(out.logits.float() / temperature, batch.input_ids)
+
+
+def _update(state: TrainerState, step: int, records: Sequence[RolloutRecord],
+            advantages: torch.Tensor, *, weight: float = 1.0) -> dict[str, float] | None:
+    """Old log-probs, then `ppo_epochs` passes over `ppo_mini_batches` mini-batches, one
+    optimizer step each; None if a loss was non-finite on any rank (that mini-batch's
+    gradients are discarded and the update stops there; earlier steps stand). `weight=0`
+    makes every micro-batch a zero-weight one (a rank with nothing to learn).
+    """
+    tcfg = state.config.train
+    packed = pack_records(records, advantages, state.pad_id)
+    plan = _plan(packed, weight, tcfg, state.n_ranks)
     t0 = time.perf_counter()
-    # The policy that sampled is softmax(logits / T): ratios, KL and entropy use the same
-    # distribution as the sampler's old log-probs (`generation.base.sample_next`).
-    temperature = config.rollout.temperature
-    refs = [_ref_logprobs(ref, packed.slice(a, b), temperature) for a, b in slices[:n_real]]
-    t_logprobs = time.perf_counter() - t0
-    olds: list[torch.Tensor] = []
-    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0,
-              "logprob_mismatch": 0.0}
-    tokens = float(packed.loss_mask.sum())
+    olds, refs, metrics = _sampling_logprobs(state, packed, plan)
     t1 = time.perf_counter()
+    steps = _ppo_steps(state, step, packed, plan, olds, refs)
+    if steps is None:
+        return None
+    return metrics | steps | {
+        "time_logprobs_s": t1 - t0, "time_update_s": time.perf_counter() - t1,
+        "update_tokens": float(packed.attention_mask.sum()) * tcfg.ppo_epochs}
+
+
+def _sampling_logprobs(state: TrainerState, packed: PackedBatch, plan: _Plan
+                       ) -> tuple[dict[Rows, torch.Tensor], dict[Rows, torch.Tensor],
+                                  dict[str, float]]:
+    """Old log-probs (the engine's policy before any optimizer step on this batch: the one
+    that sampled it) and reference log-probs per micro-batch; the sampling policy's entropy and
+    its `logprob_mismatch` to the sampler's own log-probs (token means over policy tokens).
+
+    The policy that sampled is softmax(logits / T): ratios, KL and entropy use the same
+    distribution as the sampler (`generation.base.sample_next`).
+    """
+    temperature = state.config.rollout.temperature
+    tokens = max(float(packed.loss_mask.sum()), 1.0)
+    olds: dict[Rows, torch.Tensor] = {}
+    refs: dict[Rows, torch.Tensor] = {}
+    metrics = {"entropy": 0.0, "logprob_mismatch": 0.0}
+    state.engine.eval()
+    for micro, real in (m for mini in plan.minis for m in mini):  # as many forwards per rank
+        mb = packed.slice(*micro)
+        with torch.no_grad():
+            logits = state.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                  use_cache=False).logits.float() / temperature
+        olds[micro] = token_logprobs(logits, mb.input_ids)
+        if state.ref is not None and micro not in refs:
+            refs[micro] = no_grad_logprobs(state.ref, mb, temperature)
+        if real:
+            m = mb.loss_mask
+            metrics["entropy"] += float((token_entropy(logits) * m).sum()) / tokens
+            metrics["logprob_mismatch"] += float(
+                ((olds[micro] - mb.old_logprobs).abs() * m).sum()) / tokens
+    return olds, refs, metrics
+
+
+def _ppo_steps(state: TrainerState, step: int, packed: PackedBatch, plan: _Plan,
+               olds: dict[Rows, torch.Tensor], refs: dict[Rows, torch.Tensor]
+               ) -> dict[str, float] | None:
+    """`ppo_epochs` x the mini-batches (order shuffled per epoch, the same on every rank),
+    gradients accumulated over each mini-batch's micro-batches, one optimizer step at its
+    last. Loss metrics: means over the optimizer steps (by denominator share, so one step
+    reports the batch loss); ratio and clip: token means over every pass (max for the
+    deviation)."""
+    tcfg, engine = state.config.train, state.engine
+    temperature, epochs = state.config.rollout.temperature, tcfg.ppo_epochs
+    tokens = max(float(packed.loss_mask.sum()), 1.0)
+    total_denom = max(sum(plan.denominators), 1e-9)
+    totals = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean",
+                            "ratio_max_abs_dev", "optimizer_steps"), 0.0)
     engine.train()
-    for epoch in range(tcfg.ppo_epochs):
-        for k, (a, b) in enumerate(slices):
-            mb = packed.slice(a, b)
-            logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                            use_cache=False).logits.float() / temperature
-            logp = token_logprobs(logits, mb.input_ids)
-            if epoch == 0:
-                olds.append(logp.detach())
-            out = grpo_loss(logp, olds[k], refs[min(k, n_real - 1)], mb.advantages, mb.loss_mask,
-                            clip_eps=tcfg.clip_eps, kl_coef=tcfg.kl_coef, agg=tcfg.loss_agg,
-                            denominator=max(denom, 1e-9))
-            if not all_reduce([float(bool(torch.isfinite(out.loss)))], "min")[0]:
-                engine.zero_grad()
-                return None
-            real = weight > 0.0 and k < n_real
-            last = epoch == tcfg.ppo_epochs - 1 and k == len(slices) - 1
-            engine.set_gradient_accumulation_boundary(last)
-            engine.backward(out.loss if real else out.loss * 0.0, scale_wrt_gas=False)
-            engine.step()
-            if epoch == tcfg.ppo_epochs - 1 and real:
-                share = float(mb.loss_mask.sum()) / max(tokens, 1.0)
-                with torch.no_grad():
-                    ent = token_entropy(logits.detach())
-                    m = mb.loss_mask
-                    totals["entropy"] += float((ent * m).sum()) / max(tokens, 1.0)
-                    totals["logprob_mismatch"] += float(
-                        ((logp.detach() - mb.old_logprobs).abs() * m).sum()) / max(tokens, 1.0)
-                totals["loss"] += float(out.loss.detach())
-                totals["pg_loss"] += out.pg_loss
-                totals["kl"] += out.kl * share
-                totals["clip_fraction"] += out.clip_fraction * share
-    engine.set_gradient_accumulation_boundary(None)
-    totals["time_logprobs_s"] = t_logprobs
-    totals["time_update_s"] = time.perf_counter() - t1
-    totals["update_tokens"] = float(packed.attention_mask.sum()) * tcfg.ppo_epochs
+    try:
+        for epoch in range(epochs):
+            order = list(range(len(plan.minis)))
+            random.Random(rollout_seed(state.config.run.seed, step, epoch, 0,
+                                       "minibatch_order")).shuffle(order)
+            for j in (j for j in order if plan.minis[j]):
+                for k, (micro, real) in enumerate(plan.minis[j]):
+                    mb = packed.slice(*micro)
+                    logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                    use_cache=False).logits.float() / temperature
+                    out = grpo_loss(token_logprobs(logits, mb.input_ids), olds[micro],
+                                    refs.get(micro), mb.advantages, mb.loss_mask,
+                                    clip_eps=tcfg.clip_eps, kl_coef=tcfg.kl_coef,
+                                    agg=tcfg.loss_agg,
+                                    denominator=max(plan.denominators[j], 1e-9))
+                    if not all_reduce([float(bool(torch.isfinite(out.loss)))], "min")[0]:
+                        engine.zero_grad()
+                        return None
+                    engine.set_gradient_accumulation_boundary(k == len(plan.minis[j]) - 1)
+                    engine.backward(out.loss if real else out.loss * 0.0, scale_wrt_gas=False)
+                    engine.step()
+                    if not real:
+                        continue
+                    step_share = plan.denominators[j] / total_denom / epochs
+                    share = float(mb.loss_mask.sum()) / tokens / epochs
+                    totals["loss"] += float(out.loss.detach()) * step_share
+                    totals["pg_loss"] += out.pg_loss * step_share
+                    totals["kl"] += out.kl * share
+                    totals["clip_fraction"] += out.clip_fraction * share
+                    totals["ratio_mean"] += out.ratio_mean * share
+                    totals["ratio_max_abs_dev"] = max(totals["ratio_max_abs_dev"],
+                                                      out.ratio_max_abs_dev)
+                totals["optimizer_steps"] += 1
+    finally:
+        engine.set_gradient_accumulation_boundary(None)
     return totals
 
 
@@ -614,13 +743,9 @@ def _update(engine: Any, ref: PreTrainedModel | None, records: Sequence[RolloutR
 
 def plot_curve(history: Sequence[dict[str, Any]], path: Path) -> Path:
     """Reward / correctness / searches per step, and greedy dev EM by hop where measured."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [h["step"] for h in history]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig = Figure(figsize=(14, 4))
+    axes = fig.subplots(1, 3)
     axes[0].plot(steps, [h["reward_mean"] for h in history], label="reward mean")
     axes[0].plot(steps, [h["correct_rate"] for h in history], label="correct rate (sampled)")
     axes[0].set_xlabel("step")
@@ -639,12 +764,7 @@ def plot_curve(history: Sequence[dict[str, Any]], path: Path) -> Path:
     if evals:
         axes[2].legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 # --- library entry used by the Prefect task and the CLI
@@ -667,7 +787,7 @@ def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path
     sft_examples = read_qa(sft_train_path) if sft_train_path else train
     t0 = time.perf_counter()
     # Several ranks: rank 0 builds (or finds) the cold start, the others then reuse its key.
-    init_distributed(resolve_device(config))
+    init_distributed(resolve_device(config.run.device))
     if rank() == 0:
         cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
     barrier()
@@ -687,31 +807,3 @@ def _sft_seconds(sft_dir: Path, measured: float) -> float:
     if stats.is_file():
         return float(json.loads(stats.read_text()).get("seconds", measured))
     return measured
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m searchrl.train.grpo --config C --train T --corpus P --index I --out O`."""
-    from searchrl.retrieval.index_store import load_searcher
-
-    parser = argparse.ArgumentParser(prog="searchrl.train.grpo")
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--train", type=Path, required=True)
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--index", type=Path, required=True)
-    parser.add_argument("--dev", type=Path, default=None)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--local_rank", type=int, default=0)  # set by the deepspeed launcher
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    config = load_config(args.config, args.overrides)
-    searcher = load_searcher(args.index, config.index)
-    result = train_policy_run(config, args.train, args.corpus, searcher, args.out,
-                              dev_path=args.dev)
-    print(json.dumps({"policy_dir": str(result.policy_dir), "steps": result.steps_done,
-                      "seconds": round(result.seconds, 1)}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

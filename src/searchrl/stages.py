@@ -1,0 +1,373 @@
+"""The six pipeline stages, each one library function with one signature:
+
+    stage(config, *input_references, sink) -> output_reference
+
+The Prefect tasks (`tasks/*.py`) and the CLI (`python -m searchrl <stage>`) call these and
+nothing else, so both run exactly the same code and write the same files under
+`run.work_dir`. A stage removes its `ref.json` first and writes it last: a stage directory
+with a `ref.json` is complete, and the CLI reads a stage's inputs from its upstream stages'
+`ref.json`. Every reference lists the files it stands for with their fingerprints, so a cached
+reference is reused only while those files exist unchanged (`ref_is_current`).
+
+`STAGES` says, per stage, which config sections and which inputs outside the references
+(data files, contract suites, overrides, the registry's champion) its result depends on; the
+cache key (tasks/_common.py) adds the code the stage reaches (`searchrl.codehash`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from searchrl.config import PipelineConfig
+from searchrl.contracts.validate import QuarantineThresholdError
+from searchrl.contracts.validate import validate_gold_labels as run_validation
+from searchrl.curriculum.stage import run_curriculum
+from searchrl.data.io import DataError, atomic_write_text, fingerprint, read_passages, read_qa
+from searchrl.data.sources import source_fingerprint
+from searchrl.eval.run import RESULTS_FILE, evaluate_stage, load_eval_result
+from searchrl.gate.report import count_rows, write_gate_report
+from searchrl.paths import StagePaths
+from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
+from searchrl.sinks import MetricsSink
+from searchrl.train.grpo import cold_start, train_policy_run
+from searchrl.types import (
+    CheckpointRef,
+    CurriculumRef,
+    DatasetRef,
+    Decision,
+    EvalRef,
+    IndexRef,
+    StageRef,
+)
+
+REF_FILE = "ref.json"
+EXTRA_EVAL = "extra_eval:"
+R = TypeVar("R", bound=StageRef)
+
+
+class StageInputError(RuntimeError):
+    """A stage's input is missing or stale; names what to run first."""
+
+
+# --- references on disk
+
+
+def files_of(*paths: str | Path | None) -> dict[str, str]:
+    """path -> content fingerprint, for a reference's `files`."""
+    return {str(p): fingerprint(p) for p in paths if p is not None}
+
+
+def ref_is_current(ref: object) -> bool:
+    """True when every file the reference stands for exists with the recorded fingerprint."""
+    files = getattr(ref, "files", None)
+    if not isinstance(files, dict) or not files:
+        return False
+    try:
+        return all(Path(p).exists() and fingerprint(p) == fp for p, fp in files.items())
+    except (OSError, DataError):
+        return False
+
+
+def write_ref(ref: StageRef, stage_dir: Path) -> None:
+    atomic_write_text(stage_dir / REF_FILE, json.dumps(dataclasses.asdict(ref), indent=2))
+
+
+def read_ref(kind: type[R], stage_dir: Path, stage_cli: str) -> R:
+    """The reference a finished stage left in `stage_dir`, checked against the disk."""
+    path = stage_dir / REF_FILE
+    if not path.is_file():
+        raise StageInputError(f"{path} not found: run `python -m searchrl {stage_cli}` first")
+    data = json.loads(path.read_text())
+    if kind is Decision:
+        data["reasons"] = tuple(data["reasons"])
+    ref = kind(**data)
+    if not ref_is_current(ref):
+        raise StageInputError(f"{path}: the files it references changed or are gone; "
+                              f"re-run `python -m searchrl {stage_cli}`")
+    return ref
+
+
+def _begin(stage_dir: Path) -> None:
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / REF_FILE).unlink(missing_ok=True)
+
+
+def _finish(ref: R, stage_dir: Path) -> R:
+    write_ref(ref, stage_dir)
+    return ref
+
+
+# --- 1. validate_gold_labels
+
+
+def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRef:
+    """Contracts, quarantine and audit report; the clean splits and corpora as a DatasetRef."""
+    out_dir = StagePaths(config.run.work_dir).validate_dir
+    _begin(out_dir)
+    sink.log_params(config.to_dict()["validate"])
+    try:
+        result = run_validation(config, out_dir)
+    except QuarantineThresholdError as exc:
+        # The run fails, but the steward needs the report to act on: log it first.
+        for report in exc.report_paths:
+            sink.log_artifact(report, "validation")
+        raise
+    sink.log_metrics(result.metrics())
+    for artifact in (result.report_html, result.report_md, result.audit_path,
+                     result.quarantine_path):
+        if artifact is not None:
+            sink.log_artifact(artifact, "validation")
+    paths = {name: str(p) for name, p in result.split_paths.items()}
+    fingerprints = {name: fingerprint(p) for name, p in result.split_paths.items()}
+    corpus_fp = fingerprint(result.corpus_path)
+    extra = {name: str(p) for name, p in result.extra_corpora.items()}
+    sink.set_tags({f"data.{k}": v for k, v in fingerprints.items()} | {"data.corpus": corpus_fp})
+    combined = "|".join(f"{k}={v}" for k, v in sorted(fingerprints.items()))
+    extra_fp = "|".join(f"{k}={fingerprint(v)}" for k, v in sorted(extra.items()))
+    return _finish(DatasetRef(
+        paths=paths, fingerprints=fingerprints, corpus_path=str(result.corpus_path),
+        corpus_fingerprint=corpus_fp, fingerprint=f"{combined}|corpus={corpus_fp}|{extra_fp}",
+        extra_corpora=extra,
+        files=files_of(*paths.values(), result.corpus_path, *extra.values()),
+        mlflow_run_id=sink.run_id,
+        report_path=str(result.report_html) if result.report_html else None), out_dir)
+
+
+def _validation_inputs(config: PipelineConfig) -> str:
+    """Data sources + the suites + the stewards' overrides: editing any re-runs validation."""
+    cfg = config.validate_
+    parts = [source_fingerprint(config.data)]
+    contracts = Path(cfg.contracts_dir)
+    for path in sorted(contracts.glob("*.py")) if contracts.is_dir() else []:
+        parts.append(f"{path.name}={fingerprint(path)}")
+    if cfg.overrides_path is not None and Path(cfg.overrides_path).is_file():
+        parts.append(f"overrides={fingerprint(cfg.overrides_path)}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+# --- 2. build_index
+
+
+def corpora_of(dataset: DatasetRef) -> tuple[dict[str, Path], dict[str, dict[str, Path]]]:
+    """(corpus name -> corpus file, corpus name -> {eval set name -> QA file}).
+
+    The main corpus is measured on the dev/test splits; each extra eval set `extra_eval:<n>`
+    on its own corpus `n` (data.extra_corpus.<n>).
+    """
+    corpora = {MAIN_CORPUS: Path(dataset.corpus_path)}
+    evals: dict[str, dict[str, Path]] = {
+        MAIN_CORPUS: {s: Path(dataset.paths[s]) for s in ("dev", "test") if s in dataset.paths}}
+    for key, qa_path in sorted(dataset.paths.items()):
+        if not key.startswith(EXTRA_EVAL):
+            continue
+        name = key.removeprefix(EXTRA_EVAL)
+        if name not in dataset.extra_corpora:
+            raise StageInputError(
+                f"eval set {key!r} has no corpus: set data.extra_corpus.{name} in the config "
+                f"(corpora: {sorted(dataset.extra_corpora)})")
+        corpora[name] = Path(dataset.extra_corpora[name])
+        evals[name] = {name: Path(qa_path)}
+    return corpora, evals
+
+
+def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) -> IndexRef:
+    """BM25 / dense / hybrid indexes of every corpus, poisoning scan, recall@k."""
+    stage_dir = StagePaths(config.run.work_dir).index_dir
+    _begin(stage_dir)
+    sink.log_params(config.to_dict()["index"])
+    corpora, evals = corpora_of(dataset)
+    combined, results = build_indexes(corpora, evals, stage_dir, config.index, sink)
+    sink.log_metrics({"passages": float(sum(r.passages for r in results)),
+                      "build_seconds": sum(r.build_seconds for r in results),
+                      "index_bytes": float(sum(r.index_bytes for r in results))})
+    sink.log_artifact(stage_dir / "report.json", "index")
+    sink.set_tags({"index.fingerprint": combined, "index.retriever": config.index.retriever})
+    # The manifest is written last by build_indexes and names every component's fingerprint.
+    return _finish(IndexRef(index_dir=str(stage_dir), fingerprint=combined,
+                            retriever=config.index.retriever,
+                            files=files_of(stage_dir / "manifest.json"),
+                            mlflow_run_id=sink.run_id), stage_dir)
+
+
+# --- 3. filter_curriculum
+
+
+def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
+                      sink: MetricsSink) -> CurriculumRef:
+    """The cold-start policy (into train_policy/sft, reused by training), its difficulty
+    estimate per question, zero-variance questions dropped, the rest ordered."""
+    paths = StagePaths(config.run.work_dir)
+    _begin(paths.curriculum_dir)
+    train_path = Path(dataset.paths["train"])
+    sink.log_params(config.to_dict()["curriculum"])
+    searcher = load_searcher(Path(index.index_dir), config.index)
+    sft_dir = cold_start(config, read_qa(train_path), read_passages(dataset.corpus_path),
+                         searcher, paths.train_dir / "sft", sink)
+    result = run_curriculum(config, train_path, sft_dir, searcher, paths.curriculum_dir)
+    sink.log_metrics({k: float(v) for k, v in result.counts.items()}
+                     | {"mean_pass_rate": result.mean_pass_rate})
+    for artifact in (result.train_path, result.difficulty_path, result.dropped_path,
+                     result.histogram_path):
+        sink.log_artifact(artifact, "curriculum")
+    return _finish(CurriculumRef(
+        train_path=str(result.train_path), fingerprint=fingerprint(result.train_path),
+        difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
+        files=files_of(result.train_path, sft_dir), mlflow_run_id=sink.run_id),
+        paths.curriculum_dir)
+
+
+# --- 4. train_policy
+
+
+def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
+                 curriculum: CurriculumRef | None, sink: MetricsSink) -> CheckpointRef:
+    """GRPO on the curriculum-ordered set (the validated train split without one).
+
+    Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), checkpoints/,
+    metrics.jsonl, curve.png. A re-run after a crash resumes from the newest checkpoint.
+    """
+    out_dir = StagePaths(config.run.work_dir).train_dir
+    _begin(out_dir)
+    train_path = Path(curriculum.train_path if curriculum else dataset.paths["train"])
+    sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
+    searcher = load_searcher(Path(index.index_dir), config.index)
+    dev = dataset.paths.get("dev")
+    result = train_policy_run(config, train_path, Path(dataset.corpus_path), searcher,
+                              out_dir, sft_train_path=Path(dataset.paths["train"]),
+                              dev_path=Path(dev) if dev else None, sink=sink)
+    sink.log_metrics({"training_seconds": result.seconds, "sft_seconds": result.sft_seconds,
+                      "skipped_steps": result.skipped_steps, "steps": result.steps_done})
+    sink.log_artifact(result.metrics_path, "training")
+    if result.curve_path is not None:
+        sink.log_artifact(result.curve_path, "training")
+    sink.log_artifact(result.policy_dir, "policy")
+    return _finish(CheckpointRef(
+        policy_dir=str(result.policy_dir), fingerprint=fingerprint(result.policy_dir),
+        sft_dir=str(result.sft_dir), metrics_path=str(result.metrics_path),
+        training_seconds=result.seconds + result.sft_seconds,
+        files=files_of(result.policy_dir, result.metrics_path), mlflow_run_id=sink.run_id),
+        out_dir)
+
+
+# --- 5. evaluate_policy
+
+
+def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
+                    checkpoint: CheckpointRef, sink: MetricsSink) -> EvalRef:
+    """The trained policy and the baselines on the eval split (greedy, same rollout loop);
+    the registry champion is looked up in the sink's tracking store."""
+    out_dir = StagePaths(config.run.work_dir).eval_dir
+    _begin(out_dir)
+    split = config.eval.split
+    if split not in dataset.paths:
+        raise StageInputError(f"eval.split={split!r} is not in the validated dataset "
+                              f"(splits: {sorted(dataset.paths)})")
+    sink.log_params(config.to_dict()["eval"])
+    sink.set_tags({"data.eval": dataset.fingerprints.get(split, ""),
+                   "policy": checkpoint.fingerprint})
+    result = evaluate_stage(config, eval_path=dataset.paths[split], index_dir=index.index_dir,
+                            policy_dir=checkpoint.policy_dir, sft_dir=checkpoint.sft_dir,
+                            out_dir=out_dir, tracking_uri=sink.tracking_uri)
+    metrics: dict[str, float] = {"n_questions": result.n_questions,
+                                 "suspect_labels": result.n_suspects}
+    for name, s in result.systems.items():
+        summary = s.summary
+        metrics |= {f"{name}.em": summary.em.mean, f"{name}.em_lo": summary.em.lo,
+                    f"{name}.em_hi": summary.em.hi, f"{name}.f1": summary.f1.mean,
+                    f"{name}.searches_per_question": summary.searches_per_question,
+                    f"{name}.format_rate": summary.format_rate,
+                    f"{name}.tokens_per_query": summary.tokens_per_query,
+                    f"{name}.latency_s": summary.latency_s}
+    for name, d in result.deltas.items():
+        metrics |= {f"delta_em.{name}": d.mean, f"delta_em.{name}_lo": d.lo,
+                    f"delta_em.{name}_hi": d.hi}
+    sink.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
+    # Top-level files only: a downloaded champion policy is not an evaluation artifact.
+    for path in sorted(out_dir.iterdir()):
+        if path.is_file():
+            sink.log_artifact(path, "evaluation")
+    results_path = out_dir / RESULTS_FILE
+    return _finish(EvalRef(results_path=str(results_path), fingerprint=fingerprint(results_path),
+                           files=files_of(results_path), mlflow_run_id=sink.run_id), out_dir)
+
+
+def _champion_version(config: PipelineConfig) -> str:
+    """A newly registered champion invalidates the cached evaluation."""
+    if "champion" not in config.eval.baselines:
+        return "champion:not-requested"
+    from searchrl.tracking import registered_policy, resolve_tracking_uri
+
+    try:
+        uri = resolve_tracking_uri(config.tracking.tracking_uri)
+        found = registered_policy(uri, config.eval.registry_model_name,
+                                  config.eval.champion_alias)
+    except Exception:  # an unreachable store must not break cache-key computation
+        return "champion:unknown"
+    return f"champion:{found['version'] if found else 'none'}"
+
+
+# --- 6. decide_go_no_go
+
+
+def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: CheckpointRef,
+                    evaluation: EvalRef, sink: MetricsSink) -> Decision:
+    """Cost-payback gate and report; on GO the policy is registered in the sink's store."""
+    out_dir = StagePaths(config.run.work_dir).gate_dir
+    _begin(out_dir)
+    sink.log_params(config.to_dict()["gate"])
+    outcome = write_gate_report(
+        config, load_eval_result(evaluation.results_path), out_dir,
+        gold_pairs=count_rows(dataset.paths.get("train")),
+        training_seconds=checkpoint.training_seconds, metrics_path=checkpoint.metrics_path)
+    result = outcome.result
+    sink.set_tags({"decision": result.label})
+    sink.log_metrics({k: v for k, v in outcome.figures.items() if math.isfinite(v)})
+    sink.log_artifact(out_dir, "report")
+    if result.go and sink.tracking_uri is not None and sink.run_id is not None:
+        from searchrl.tracking import register_policy
+
+        version = register_policy(
+            sink.tracking_uri, sink.run_id, Path(checkpoint.policy_dir),
+            config.eval.registry_model_name, config.gate.registry_alias,
+            tags={"decision": "GO", "policy_fingerprint": checkpoint.fingerprint})
+        sink.set_tags({"registered_version": version})
+    return _finish(Decision(
+        go=result.go, reasons=result.reasons, report_html=str(outcome.html_path),
+        report_md=str(outcome.md_path), figures=outcome.figures,
+        files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
+        mlflow_run_id=sink.run_id), out_dir)
+
+
+# --- the table the task layer and the CLI are built from
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its function, the config sections its result depends on, and the inputs
+    outside its references that it reads (fingerprinted into the cache key)."""
+
+    name: str
+    run: Callable[..., Any]
+    sections: tuple[str, ...]
+    external_inputs: Callable[[PipelineConfig], str] | None = None
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("validate_gold_labels", validate_gold_labels, ("data", "validate"),
+          _validation_inputs),
+    Stage("build_index", build_index, ("index",)),
+    Stage("filter_curriculum", filter_curriculum,
+          ("run", "model", "rollout", "reward", "curriculum", "index", "train")),
+    Stage("train_policy", train_policy,
+          ("run", "model", "rollout", "reward", "curriculum", "train")),
+    Stage("evaluate_policy", evaluate_policy,
+          ("run", "index", "model", "rollout", "reward", "eval"), _champion_version),
+    Stage("decide_go_no_go", decide_go_no_go, ("run", "eval", "gate")),
+)}
