@@ -30,8 +30,7 @@ import torch
 from searchrl.config import load_config
 from searchrl.data.synthetic import generate_world
 from searchrl.eval.metrics import paired_bootstrap_delta
-from searchrl.generation.hf import HFGenerator
-from searchrl.models.tiny import load_policy
+from searchrl.generation.factory import make_generator
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
@@ -89,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
                    ("retrieve_once", sft, "retrieve_once"), ("grpo", result.policy_dir, "agentic")]
         correct: dict[str, list[float]] = {}
         for name, policy, mode in systems:
-            model, tok = load_policy(policy)
             batches: list[RolloutBatch] = []
 
             def capture(*a: Any, _out: list[RolloutBatch] = batches, **k: Any) -> RolloutBatch:
                 _out.append(run_rollouts(*a, **k))
                 return _out[-1]
 
-            ev = greedy_eval(test, HFGenerator(model, tok), searcher, config, mode=mode,
+            ev = greedy_eval(test, make_generator(config, policy_dir=policy), searcher, config,
+                             mode=mode,
                              rollout_fn=capture)
             correct[name] = [float(r.correct) for r in batches[-1].records]
             print(name, json.dumps({k: round(v, 3) for k, v in sorted(ev.items())}))

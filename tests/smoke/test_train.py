@@ -78,10 +78,10 @@ class OwnCopyGenerator:
     """A rollout backend holding its own copy of the weights, as vLLM does: it sees training
     only through `update_weights`."""
 
-    def __init__(self, rollout_cfg: Any, model: torch.nn.Module, tokenizer: Any, *,
-                 device: str = "cpu", model_path: Path | None = None) -> None:
+    def __init__(self, config: Any, *, policy_dir: Path, model: torch.nn.Module,
+                 tokenizer: Any) -> None:
         self.copy = copy.deepcopy(model)
-        self.inner = HFGenerator(self.copy, tokenizer, device)
+        self.inner = HFGenerator(self.copy, tokenizer, "cpu")
         self.syncs = 0
 
     @property

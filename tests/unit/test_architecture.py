@@ -71,3 +71,38 @@ def test_the_rule_checker_sees_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    import prefect.tasks\n    from mlflow import log_metric\n")
     assert {"prefect", "mlflow"} <= _imported_roots(probe)
+
+
+GENERATORS = {"HFGenerator", "HFFullContextGenerator", "VLLMGenerator"}
+
+
+def _generator_uses(path: Path) -> list[str]:
+    """Names of generator classes `path` mentions, and generation backend modules it imports."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name) and node.id in GENERATORS:
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in GENERATORS:
+            found.append(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module in (
+                "searchrl.generation.hf", "searchrl.generation.vllm"):
+            found.append(node.module)
+    return found
+
+
+def test_every_stage_gets_its_generator_from_the_factory() -> None:
+    # Curriculum estimation, training rollouts, the dev curve and evaluation must honour the
+    # same run.device / model.dtype / rollout.backend: only generation/factory.py builds one.
+    root = SRC.parents[1]
+    offenders = {str(p.relative_to(root)): _generator_uses(p)
+                 for p in [*SRC.rglob("*.py"), *(root / "tasks").glob("*.py"),
+                           *(root / "flows").glob("*.py")]
+                 if p.parent != SRC / "generation" and _generator_uses(p)}
+    assert offenders == {}
+
+
+def test_the_generator_rule_sees_a_direct_construction(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(m, t):\n    from searchrl.generation.hf import HFGenerator\n"
+                     "    return HFGenerator(m, t)\n")
+    assert "HFGenerator" in _generator_uses(probe)

@@ -9,7 +9,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from searchrl.config import RewardConfig, RolloutConfig, TinyModelConfig
+from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig, TinyModelConfig
 from searchrl.generation.base import SamplingParams, StopChecker, sample_next
 from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
 from searchrl.models.tiny import build_tiny_model
@@ -148,9 +148,14 @@ def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None
 
     with pytest.raises(ImportError, match=r"searchrl\[gpu\]"):
         VLLMGenerator("some/dir", tok)
-    with pytest.raises(ValueError, match="model_path"):
-        make_generator(RolloutConfig(backend="vllm"), random_model, tok)
-    assert isinstance(make_generator(RolloutConfig(), random_model, tok), HFGenerator)
+    vllm_config = PipelineConfig().model_copy(
+        update={"rollout": RolloutConfig(backend="vllm")})
+    with pytest.raises(ValueError, match="policy_dir"):
+        make_generator(vllm_config, model=random_model, tokenizer=tok)
+    with pytest.raises(ImportError, match=r"searchrl\[gpu\]"):
+        make_generator(vllm_config, policy_dir="some/dir", tokenizer=tok)
+    assert isinstance(make_generator(PipelineConfig(), model=random_model, tokenizer=tok),
+                      HFGenerator)
 
 
 def test_shared_prompts_are_prefilled_once(tok, random_model) -> None:  # type: ignore[no-untyped-def]
@@ -164,3 +169,18 @@ def test_shared_prompts_are_prefilled_once(tok, random_model) -> None:  # type: 
     # Rows that share a prompt still sample independently.
     sampled = fast.generate([a] * 4, SamplingParams(max_new_tokens=8), seed=3)
     assert len({tuple(o.token_ids) for o in sampled}) > 1
+
+
+def test_the_factory_loads_a_saved_policy_in_the_configured_dtype(  # type: ignore[no-untyped-def]
+        tok, random_model, tmp_path) -> None:
+    from searchrl.generation.factory import make_generator
+    from searchrl.train.sft import save_policy
+
+    save_policy(random_model, tok, tmp_path / "policy")
+    config = PipelineConfig().model_copy(update={"model": PipelineConfig().model.model_copy(
+        update={"dtype": "bfloat16"})})
+    generator = make_generator(config, policy_dir=tmp_path / "policy")
+    assert isinstance(generator, HFGenerator)
+    params = list(generator.model.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    assert {p.device.type for p in params} == {"cpu"} and not generator.model.training

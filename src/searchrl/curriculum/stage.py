@@ -25,8 +25,8 @@ from searchrl.curriculum.difficulty import (
     filter_by_difficulty,
 )
 from searchrl.data.io import atomic_write_text, fingerprint, read_qa, write_jsonl
-from searchrl.generation.hf import HFGenerator
-from searchrl.models.tiny import load_policy
+from searchrl.generation.base import Generator
+from searchrl.generation.factory import make_generator
 from searchrl.plots import save_figure
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.records import RolloutRecord
@@ -44,7 +44,7 @@ class CurriculumResult:
     mean_pass_rate: float
 
 
-def rollout_pass_rates(examples: Sequence[QAExample], generator: HFGenerator,
+def rollout_pass_rates(examples: Sequence[QAExample], generator: Generator,
                        searcher: Searcher, config: PipelineConfig, group_size: int,
                        chunk: int = 16) -> list[RolloutRecord]:
     """G sampled rollouts per question, in chunks with a progress bar."""
@@ -122,9 +122,7 @@ def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
     # capping the cost of estimation must never silently shrink the training set.
     cap = len(all_examples) if cfg.max_questions is None else cfg.max_questions
     examples, unestimated = all_examples[:cap], all_examples[cap:]
-    model, tokenizer = load_policy(policy_dir)
-    model.train(False)
-    generator = HFGenerator(model, tokenizer)
+    generator = make_generator(config, policy_dir=policy_dir)
     records = rollout_pass_rates(examples, generator, searcher, config, cfg.group_size)
     difficulties = estimate_difficulty(examples, records)
     if cfg.enabled:

@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from searchrl.config import PipelineConfig
-from searchrl.models.tiny import build_tiny_model, load_policy
+from searchrl.models.tiny import build_tiny_model
 
 Mode = Literal["agentic", "no_search", "retrieve_once"]
 TRAINED = "trained"
@@ -84,11 +84,12 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
     return specs, notes
 
 
-def load_system_policy(spec: SystemSpec, config: PipelineConfig
-                       ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer for one system (eval mode)."""
+def system_policy(spec: SystemSpec, config: PipelineConfig) -> dict[str, Any]:
+    """What `make_generator` needs for one system: its saved policy directory, or (the
+    random-init baseline, which has none) a freshly built model with its tokenizer."""
     if spec.policy.startswith("random-init:"):
         tok_dir = Path(spec.policy.removeprefix("random-init:"))
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(tok_dir))
-        return build_tiny_model(config.model.tiny, tokenizer, seed=config.run.seed), tokenizer
-    return load_policy(spec.policy, config.model.dtype)
+        return {"model": build_tiny_model(config.model.tiny, tokenizer, seed=config.run.seed),
+                "tokenizer": tokenizer}
+    return {"policy_dir": spec.policy}

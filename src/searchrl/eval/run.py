@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, read_qa, write_jsonl
 from searchrl.eval.audit import final_turn_confidence, find_suspects, retrieved_ids
-from searchrl.eval.baselines import TRAINED, SystemSpec, load_system_policy, plan_systems
+from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems, system_policy
 from searchrl.eval.metrics import (
     Interval,
     QuestionResult,
@@ -37,8 +35,7 @@ from searchrl.eval.metrics import (
     paired_bootstrap_delta,
     summarize,
 )
-from searchrl.generation.factory import resolve_device
-from searchrl.generation.hf import HFGenerator
+from searchrl.generation.factory import make_generator
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.index_store import load_searcher
 from searchrl.rl.records import RolloutRecord
@@ -169,11 +166,9 @@ class _SystemRun:
 
 
 def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searcher,
-                config: PipelineConfig, device: str,
+                config: PipelineConfig,
                 progress: Callable[[str, int, int], None] | None) -> _SystemRun:
-    model, tokenizer = load_system_policy(spec, config)
-    model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is wrong
-    generator = HFGenerator(model, tokenizer, device)
+    generator = make_generator(config, **system_policy(spec, config))
     out = _SystemRun()
     step = config.eval.batch_size
     for start in range(0, len(examples), step):
@@ -217,13 +212,12 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
     (out_dir / RESULTS_FILE).unlink(missing_ok=True)
     cfg = config.eval
     samples, level, seed = cfg.bootstrap_samples, cfg.confidence_level, config.run.seed
-    device = resolve_device(config.run.device)
     by_id = {ex.id: ex for ex in examples}
     runs: dict[str, SystemResult] = {}
     per_question: dict[str, list[QuestionResult]] = {}
     pooled: dict[str, dict[str, Any]] = {}
     for spec in systems:
-        run = _run_system(spec, examples, searcher, config, device, progress)
+        run = _run_system(spec, examples, searcher, config, progress)
         qpath = out_dir / f"questions_{spec.name}.jsonl"
         tpath = out_dir / f"trajectories_{spec.name}.jsonl"
         write_jsonl(qpath, [r.to_dict() for r in run.results])

@@ -1,32 +1,51 @@
-"""Build the configured `Generator` (`rollout.backend`) for a policy."""
+"""The one place any stage gets a `Generator`: curriculum estimation, training rollouts,
+the trainer's dev curve and evaluation all call `make_generator`, so each honours the same
+`run.device`, `model.dtype` and `rollout.backend` (a test forbids building one elsewhere)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from searchrl.config import RolloutConfig
+from searchrl.config import PipelineConfig
 from searchrl.generation.base import Generator
 
 
-def make_generator(rollout_cfg: RolloutConfig, model: PreTrainedModel,
-                   tokenizer: PreTrainedTokenizerBase, *, device: str | torch.device = "cpu",
-                   model_path: str | Path | None = None) -> Generator:
-    """`hf`: wraps the live `model` (trainer updates are seen by the next call).
-    `vllm`: loads `model_path` (a saved policy directory) into an engine; push later weights
-    with `VLLMGenerator.update_weights(model)`."""
-    if rollout_cfg.backend == "hf":
-        from searchrl.generation.hf import HFGenerator
+def make_generator(config: PipelineConfig, *, policy_dir: str | Path | None = None,
+                   model: PreTrainedModel | None = None,
+                   tokenizer: PreTrainedTokenizerBase | None = None) -> Generator:
+    """A generator for the policy saved in `policy_dir`, or for a live `model`.
 
-        return HFGenerator(model, tokenizer, device=device)
-    if model_path is None:
-        raise ValueError("rollout.backend=vllm needs model_path (a saved policy directory)")
-    from searchrl.generation.vllm import VLLMGenerator
+    `hf`: wraps `model` on `run.device` (the trainer's engine module: its updates are seen by
+    the next call), or loads `policy_dir` in `model.dtype` onto `run.device`, in eval mode.
+    `vllm`: loads `policy_dir` (a saved policy directory) into an engine in `model.dtype`;
+    the trainer pushes later weights with `update_weights(model)`.
+    """
+    device = resolve_device(config.run.device)
+    if config.rollout.backend == "vllm":
+        if policy_dir is None:
+            raise ValueError("rollout.backend=vllm needs policy_dir (a saved policy directory)")
+        from searchrl.generation.vllm import VLLMGenerator
 
-    return VLLMGenerator(str(model_path), tokenizer,
-                         gpu_memory_utilization=rollout_cfg.vllm_gpu_memory_utilization)
+        tok = tokenizer or AutoTokenizer.from_pretrained(str(policy_dir))
+        return VLLMGenerator(str(policy_dir), tok, dtype=config.model.dtype,
+                             gpu_memory_utilization=config.rollout.vllm_gpu_memory_utilization,
+                             seed=config.run.seed)
+    from searchrl.generation.hf import HFGenerator
+
+    if model is None:
+        if policy_dir is None:
+            raise ValueError("make_generator needs policy_dir or model")
+        from searchrl.models.tiny import load_policy
+
+        model, tokenizer = load_policy(policy_dir, config.model.dtype)
+        model.train(False)
+    model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is wrong
+    if tokenizer is None:
+        raise ValueError("make_generator: a live model needs its tokenizer")
+    return HFGenerator(model, tokenizer, device=device)
 
 
 def resolve_device(device: str) -> str:

@@ -319,8 +319,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     Resumes from the newest verified checkpoint when `train.resume`. `stop_after` ends the
     loop after that many steps of this call (for tests and preemption drills); the policy is
     then not saved as final. Raises TrainingError after `train.max_nonfinite_steps` skipped
-    steps. `generator_factory(rollout_cfg, model, tokenizer, device=, model_path=)` builds the
-    rollout backend (default: `rollout.backend`).
+    steps. `generator_factory(config, policy_dir=, model=, tokenizer=)` builds the
+    rollout backend (default: `generation.factory.make_generator`).
     """
     started = time.perf_counter()
     state = setup_trainer(config, train_examples, searcher, init_dir, out_dir, sink=sink,
@@ -390,8 +390,8 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
         raise TrainingError(f"train.questions_per_step={tcfg.questions_per_step} and the "
                             f"{len(train_examples)} training questions must split over "
                             f"{n_ranks} ranks")
-    generator = generator_factory(rcfg, engine.module, tokenizer, device=device,
-                                  model_path=init_dir)
+    generator = generator_factory(config, policy_dir=init_dir, model=engine.module,
+                                  tokenizer=tokenizer)
     sampler = RefillingSampler(pool=list(train_examples)[me::n_ranks],
                                seed=config.run.seed + me)
     state = TrainerState(config=config, engine=engine, ref=ref, generator=generator,
