@@ -1,5 +1,9 @@
 """Retrieval benchmark: every comparison measured side by side in one run, on one machine.
 
+On a synthetic corpus, whose template words hit most posting lists; the figures on real text
+(bm25s vs rank-bm25 by corpus size, the HNSW efSearch x M curve, embedding backends) are
+benchmarks/bench_retrieval_real.py -> docs/results/retrieval_performance.md.
+
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_retrieval.py [--passages 100000]
         [--dense-passages 10000] [--out runs/bench]
 

@@ -10,6 +10,8 @@ Stages, in order (each a task in `tasks/`, each an MLflow child run of one paren
 6. decide_go_no_go: cost-payback model, gate, report; registers on GO    (tasks/gate.py)
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
+With `index.mode: service` the retrieval server runs around stages 3-5 (the ones that search):
+started after build_index on `index.service_url`, stopped when they end or fail.
 Run it: `python flows/pipeline.py --config configs/tiny.yaml [key.sub=value ...]`.
 """
 
@@ -27,6 +29,7 @@ if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script o
     sys.path.insert(0, str(ROOT))
 
 from searchrl.config import load_config  # noqa: E402
+from searchrl.retrieval.service import retrieval_service  # noqa: E402
 from searchrl.tracking import (  # noqa: E402
     check_tracking_store,
     end_run,
@@ -52,9 +55,10 @@ def pipeline(config_path: str = "configs/tiny.yaml",
     try:
         dataset = validate_gold_labels(config, uri, parent.run_id)
         index = build_index(config, dataset, uri, parent.run_id)
-        curriculum = filter_curriculum(config, dataset, index, uri, parent.run_id)
-        checkpoint = train_policy(config, dataset, index, curriculum, uri, parent.run_id)
-        evaluation = evaluate_policy(config, dataset, index, checkpoint, uri, parent.run_id)
+        with retrieval_service(config, index.index_dir):
+            curriculum = filter_curriculum(config, dataset, index, uri, parent.run_id)
+            checkpoint = train_policy(config, dataset, index, curriculum, uri, parent.run_id)
+            evaluation = evaluate_policy(config, dataset, index, checkpoint, uri, parent.run_id)
         decision = decide_go_no_go(config, dataset, checkpoint, evaluation, uri, parent.run_id)
     except BaseException:
         end_run(uri, parent.run_id, "FAILED")

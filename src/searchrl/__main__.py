@@ -12,6 +12,9 @@ under `run.work_dir`.
     python -m searchrl train      --config ...     # stage 4 (also what each DeepSpeed rank runs)
     python -m searchrl evaluate   --config ...     # stage 5
     python -m searchrl gate       --config ...     # stage 6 (exit 0 on GO, 1 on NO-GO)
+    python -m searchrl apply-audit --decisions FILE [--steward NAME] --config ...
+                                    # a steward's decisions on the label-noise audit's
+                                    # suspect_labels*.jsonl -> validate.overrides_path
 
 `--mlflow-run-id ID` logs the stage into that existing MLflow run (store from
 `tracking.tracking_uri` / `$MLFLOW_TRACKING_URI`); without it nothing is tracked.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import types
 import typing
@@ -35,7 +39,7 @@ from searchrl.sinks import MetricsSink, NullSink
 STAGE_COMMANDS = {"validate": "validate_gold_labels", "index": "build_index",
                   "curriculum": "filter_curriculum", "train": "train_policy",
                   "evaluate": "evaluate_policy", "gate": "decide_go_no_go"}
-COMMANDS = ["config", "generate-world", "prepare-data", *STAGE_COMMANDS]
+COMMANDS = ["config", "generate-world", "prepare-data", "apply-audit", *STAGE_COMMANDS]
 
 
 def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
@@ -89,6 +93,8 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         print(json.dumps({"data_yaml": str(args.out / "data.yaml"),
                           "counts": prepared.counts}, indent=2, default=str))
         return 0
+    if command == "apply-audit":
+        return _apply_audit(config, args)
     if command == "generate-world":
         from searchrl.data.synthetic import generate_world, write_world
         from searchrl.paths import StagePaths
@@ -97,6 +103,7 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
                               args.out or StagePaths(config.run.work_dir).source_dir)
         print(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
         return 0
+    from searchrl.data.io import DataError
     from searchrl.stages import STAGES, StageInputError
 
     try:
@@ -104,11 +111,40 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
     except StageInputError as exc:
         print(exc, file=sys.stderr)
         return 2
-    ref = STAGES[STAGE_COMMANDS[command]].run(config, *inputs, _sink(config, args.mlflow_run_id))
+    try:
+        ref = STAGES[STAGE_COMMANDS[command]].run(config, *inputs,
+                                                  _sink(config, args.mlflow_run_id))
+    except DataError as exc:  # an unreadable input file: its one-line message is the fix
+        print(exc, file=sys.stderr)
+        return 2
     print(json.dumps(dataclasses.asdict(ref), indent=2))
     if command == "gate":
         return 0 if ref.go else 1
     return 0
+
+
+def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
+    """Merge decided audit rows into the overrides file; exit 1 when some conflict."""
+    from searchrl.contracts.overrides import OverridesError, merge_audit_decisions
+
+    target = config.validate_.overrides_path
+    if args.decisions is None or not args.decisions.is_file():
+        print(f"apply-audit needs --decisions FILE (an edited suspect_labels*.jsonl from the "
+              f"evaluate stage); got {args.decisions}", file=sys.stderr)
+        return 2
+    if target is None:
+        print("validate.overrides_path is null: set it to the overrides file to write",
+              file=sys.stderr)
+        return 2
+    try:
+        merged = merge_audit_decisions(args.decisions, Path(target), steward=args.steward)
+    except OverridesError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(json.dumps({"overrides": str(target), "added": [o.id for o in merged.added],
+                      "unchanged": merged.unchanged, "conflicts": merged.conflicts,
+                      "undecided": merged.undecided}, indent=2))
+    return 1 if merged.conflicts else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,12 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="generate-world / prepare-data: where to write")
     parser.add_argument("--spec", type=Path, default=None, help="prepare-data: the spec YAML")
+    parser.add_argument("--decisions", type=Path, default=None,
+                        help="apply-audit: the audit's suspect rows with `decision` filled in")
+    parser.add_argument("--steward", default=None,
+                        help="apply-audit: who decided (for rows that leave `steward` empty)")
     parser.add_argument("--mlflow-run-id", default=None,
                         help="log the stage into this existing MLflow run")
     parser.add_argument("--local_rank", type=int, default=0,
                         help="set by the deepspeed launcher (the rank is read from $RANK)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:

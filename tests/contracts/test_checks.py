@@ -15,6 +15,7 @@ from searchrl.contracts.checks import (
     CheckedRow,
     answer_variant_flags,
     answerability_flags,
+    leakage_flags,
     near_duplicate_leakage_flags,
     question_group_flags,
     time_sensitive_flags,
@@ -91,6 +92,27 @@ def test_question_groups_duplicate_conflict_variant_and_exact_leakage() -> None:
                    ("train", 3, "answer_variant"), ("test", 1, "answer_variant"),
                    ("train", 3, "leakage_exact"),
                    ("dev", 1, "conflicting_gold"), ("dev", 2, "conflicting_gold")}
+
+
+def test_leakage_is_flagged_even_when_the_gold_conflicts() -> None:
+    rows = [row("train", 1, "How tall is Mount Zorb?", ["9 metres"]),
+            row("test", 1, "how tall is mount zorb", ["4,200 metres"])]
+    got = {(f.split, f.row, f.check) for f in question_group_flags(rows)}
+    assert got == {("train", 1, "conflicting_gold"), ("test", 1, "conflicting_gold"),
+                   ("train", 1, "leakage_exact")}
+
+
+def test_leakage_flags_alone_for_rows_without_usable_gold() -> None:
+    no_gold = CheckedRow("train", 7, QAExample.model_construct(
+        id="k", question="Where was Orin Tal born?", golden_answers=(), supporting_doc_ids=()))
+    near = CheckedRow("train", 8, QAExample.model_construct(
+        id="n", question="Where was the painter Orin Tal born?", golden_answers=(),
+        supporting_doc_ids=()))
+    evals = [row("test", 1, "where was orin tal born", ["Brisk"]),
+             row("test", 2, "Where was the painter Orin Tal born in?", ["Brisk"])]
+    got = {(f.row, f.check) for f in leakage_flags([no_gold, near, *evals], 0.8)}
+    # Only leakage, only on train rows: no conflicting_gold for the empty gold list.
+    assert got == {(7, "leakage_exact"), (8, "leakage_near")}
 
 
 def test_answer_variant_within_row() -> None:

@@ -21,7 +21,8 @@ FAST = [
     "curriculum.max_questions=4",
     "curriculum.group_size=2", "train.steps=1", "train.questions_per_step=2",
     "rollout.group_size=2", "rollout.max_new_tokens_per_turn=16", "train.checkpoint_every=0",
-    "eval.max_questions=6", "eval.bootstrap_samples=100", "eval.baselines=[no_search]",
+    "eval.max_questions=6", "eval.max_questions_per_set=6", "eval.bootstrap_samples=100",
+    "eval.baselines=[no_search]",
 ]
 STAGES = {"validate_gold_labels", "build_index", "filter_curriculum", "train_policy",
           "evaluate_policy", "decide_go_no_go"}

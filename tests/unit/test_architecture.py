@@ -73,7 +73,8 @@ def test_the_rule_checker_sees_imports(tmp_path: Path) -> None:
     assert {"prefect", "mlflow"} <= _imported_roots(probe)
 
 
-GENERATORS = {"HFGenerator", "HFFullContextGenerator", "VLLMGenerator"}
+GENERATORS = {"HFGenerator", "HFFullContextGenerator", "VLLMGenerator",
+              "OpenAICompatGenerator"}
 
 
 def _generator_uses(path: Path) -> list[str]:

@@ -14,7 +14,8 @@ COSTS = CostInputs(gpu_type="H100", gpu_price_per_hour=2.5, training_gpu_hours=4
                    small_price_per_1k_tokens=0.0005, frontier_tokens_per_query=1500,
                    frontier_price_per_1k_tokens=0.01)  # payback 100/1460 months
 PASSING = GateInputs(gold_pairs=500, accuracy_delta=0.12, accuracy_delta_lo=0.05,
-                     accuracy_delta_hi=0.19, comparison_baseline="sft", costs=COSTS)
+                     accuracy_delta_hi=0.19, comparison_baseline="sft", costs=COSTS,
+                     comparator="frontier")
 T = GateThresholds(min_gold_pairs=200, min_accuracy_margin=0.05, max_payback_months=6.0)
 
 

@@ -20,6 +20,7 @@ from searchrl.eval.metrics import (
     summarize,
 )
 from searchrl.eval.run import RESULTS_FILE, EvalResult, SystemResult
+from searchrl.gate.payback import StageCost
 from searchrl.gate.report import (
     build_gate,
     choose_baseline,
@@ -55,8 +56,14 @@ def _eval(tmp: Path, accs: dict[str, float]) -> EvalResult:
 
 def _config(**gate: object) -> PipelineConfig:
     base = {"gpu_price_per_hour": 2.0, "production_queries_per_month": 100_000,
-            "min_gold_pairs": 100, "max_payback_months": 6.0, "min_accuracy_margin": 0.05}
+            "min_gold_pairs": 100, "max_payback_months": 6.0, "min_accuracy_margin": 0.05,
+            "allow_stand_in_comparator": True}  # no frontier endpoint in these tests
     return PipelineConfig.model_validate({"gate": base | gate})
+
+
+def _train(seconds: float | None) -> list[StageCost]:
+    return [StageCost("curriculum", 0.0, 1), StageCost("training", seconds, 1),
+            StageCost("evaluation", 0.0, 1)]
 
 
 def test_best_baseline_is_the_strongest(tmp_path: Path) -> None:
@@ -69,33 +76,32 @@ def test_best_baseline_is_the_strongest(tmp_path: Path) -> None:
 
 def test_go_with_measured_inputs_and_no_go_when_baseline_close(tmp_path: Path) -> None:
     ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
-    result, report = build_gate(_config(), ev, gold_pairs=500, training_seconds=3600.0,
+    result, report = build_gate(_config(), ev, gold_pairs=500, stages=_train(3600.0),
                                 training_curve={})
     assert result.go, result.reasons
     assert report.costs.training_gpu_hours == 1.0
     assert report.costs.small_tokens_per_query == 100.0  # measured: prompt + response
     assert report.comparison_baseline == "sft"
     close = _eval(tmp_path, {"sft": 0.58, TRAINED: 0.6})
-    result, _ = build_gate(_config(), close, gold_pairs=500, training_seconds=3600.0,
+    result, _ = build_gate(_config(), close, gold_pairs=500, stages=_train(3600.0),
                            training_curve={})
     assert not result.go and [c.name for c in result.failed] == ["accuracy"]
 
 
 def test_unrecorded_training_time_fails_closed_unless_configured(tmp_path: Path) -> None:
     ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
-    result, report = build_gate(_config(), ev, gold_pairs=500, training_seconds=0.0,
+    result, report = build_gate(_config(), ev, gold_pairs=500, stages=_train(None),
                                 training_curve={})
     assert not result.go and [c.name for c in result.failed] == ["payback"]
     assert "training_gpu_hours" in result.reasons[0]
-    assert any("not recorded" in n for n in report.notes)
     result, report = build_gate(_config(training_gpu_hours=5.0), ev, gold_pairs=500,
-                                training_seconds=0.0, training_curve={})
+                                stages=_train(None), training_curve={})
     assert result.go and report.costs.training_gpu_hours == 5.0
 
 
 def test_missing_trained_system_fails_closed(tmp_path: Path) -> None:
     ev = _eval(tmp_path, {"sft": 0.3})
-    result, _ = build_gate(_config(), ev, gold_pairs=500, training_seconds=3600.0,
+    result, _ = build_gate(_config(), ev, gold_pairs=500, stages=_train(3600.0),
                            training_curve={})
     assert not result.go
     assert {c.name for c in result.failed} == {"accuracy", "payback"}

@@ -32,9 +32,11 @@ def tok():  # type: ignore[no-untyped-def]
     return demo_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def random_model(tok):  # type: ignore[no-untyped-def]
-    return build_tiny_model(TinyModelConfig(n_layer=2, n_embd=64, n_head=4), tok, seed=1)
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def random_model(tok, request):  # type: ignore[no-untyped-def]
+    # qwen2: the real configs' architecture, randomly initialised (the GPU smoke model)
+    return build_tiny_model(TinyModelConfig(architecture=request.param, n_layer=2, n_embd=64,
+                                            n_head=4), tok, seed=1)
 
 
 @pytest.fixture(scope="module")

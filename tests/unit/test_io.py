@@ -15,6 +15,8 @@ from searchrl.data.io import (
     read_manifest,
     read_passages,
     read_qa,
+    read_raw_qa_rows,
+    read_raw_qa_rows_lenient,
     write_jsonl,
 )
 
@@ -149,3 +151,54 @@ def test_written_files_are_readable_by_others(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     write_jsonl(path, read_qa_rows())
     assert path.stat().st_mode & 0o044  # not the 0600 of a raw temp file
+
+
+# --- lines that are not JSON objects: quarantined by validation, fatal everywhere else
+
+
+def _with_bad_lines(path: Path) -> Path:
+    good = json.dumps(ROWS[0])
+    lines = [good, good[:25], "", "[1, 2]", good.replace("q1", "q5"), "caf\xe9"]
+    path.write_bytes("\n".join(lines[:5]).encode() + b"\n" + lines[5].encode("latin-1") + b"\n")
+    return path
+
+
+def test_lenient_reader_hands_back_bad_lines_with_file_line_and_error(tmp_path: Path) -> None:
+    path = _with_bad_lines(tmp_path / "qa.jsonl")
+    rows, bad = read_raw_qa_rows_lenient(path)
+    assert [rowno for rowno, _ in rows] == [1, 5]  # source line numbers; line 3 is blank
+    assert [b.line for b in bad] == [2, 4, 6]
+    assert all(b.source == str(path) for b in bad)
+    assert bad[0].error.startswith("not valid JSON: ")
+    assert bad[0].text == json.dumps(ROWS[0])[:25]  # the line as read, for the steward
+    assert bad[1].error == "expected a JSON object"
+    assert bad[2].error.startswith("not valid UTF-8")
+    assert bad[0].message == f"{path}:2: {bad[0].error}"
+
+
+def test_strict_readers_still_fail_on_the_first_bad_line(tmp_path: Path) -> None:
+    path = _with_bad_lines(tmp_path / "qa.jsonl")
+    for reader in (read_qa, read_raw_qa_rows):
+        with pytest.raises(DataError, match=r"qa\.jsonl:2: not valid JSON: "):
+            reader(path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "p1", "contents": "Paris."}\n{"id": "p2", "cont\n')
+    with pytest.raises(DataError, match=r"corpus\.jsonl:2: not valid JSON: "):
+        read_passages(corpus)
+
+
+@pytest.mark.parametrize(("name", "content", "match"), [
+    ("garbage.jsonl", b"<html>\n<body>oops</body>\n", r"garbage\.jsonl: not JSONL: none of "
+                                                          r"its 2 lines is a JSON object"),
+    ("bad.parquet", b"PAR1 not really", r"bad\.parquet: not a readable parquet file"),
+    ("missing.jsonl", None, r"missing\.jsonl: file not found"),
+])
+def test_a_wholly_unreadable_file_is_one_line_naming_it(tmp_path: Path, name: str,
+                                                         content: bytes | None,
+                                                         match: str) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(DataError, match=match) as info:
+        read_raw_qa_rows_lenient(path)
+    assert "\n" not in str(info.value)

@@ -1,5 +1,6 @@
 """evaluate(): every system through the real rollout loop (tiny random policy, fake searcher),
-files written, results round-trip, paired deltas of identical systems are exactly zero."""
+files written, results round-trip, paired deltas of identical systems are exactly zero; the
+evaluate stage on the main split and an extra eval set, each searched in its own corpus."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import read_manifest
+from searchrl.data.io import read_manifest, write_jsonl
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems
 from searchrl.eval.run import RESULTS_FILE, evaluate, load_eval_result, read_question_results
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
-from searchrl.types import QAExample, SearchHit
+from searchrl.retrieval.index_store import build_indexes
+from searchrl.sinks import NullSink
+from searchrl.stages import StageInputError, evaluate_policy
+from searchrl.types import CheckpointRef, DatasetRef, IndexRef, QAExample, SearchHit
 
 DOCS = {"d1": "Acme was founded by Bob Smith.", "d2": "Bob Smith was born in Zorvik.",
         "d3": "Zorvik is a city located in Brelia."}
@@ -107,3 +111,72 @@ def test_plan_systems_skips_what_cannot_run_with_a_note() -> None:
         ("no_search", "S", "no_search"), ("sft", "S", "agentic"), ("champion", "C", "agentic"),
         ("base_agentic", "random-init:S", "agentic"), (TRAINED, "P", "agentic")]
     assert notes == []
+
+
+class RecordingSink(NullSink):
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def log_metrics(self, metrics: object, step: int | None = None) -> None:
+        assert isinstance(metrics, dict)
+        self.metrics.update(metrics)
+
+
+def _retrieved(trajectories: Path) -> set[str]:
+    """Every doc id any turn retrieved (`retrieved_doc_ids` is one list per search)."""
+    return {d for line in trajectories.read_text().splitlines() if line.strip()
+            for turn in json.loads(line)["retrieved_doc_ids"] for d in turn}
+
+
+def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
+        policy_dir: Path, tmp_path: Path) -> None:
+    main_corpus, other_corpus = tmp_path / "corpus.jsonl", tmp_path / "other_corpus.jsonl"
+    write_jsonl(main_corpus, [{"id": k, "contents": v} for k, v in DOCS.items()])
+    write_jsonl(other_corpus, [{"id": "o1", "contents": "Quorn is a moon of Brask."},
+                               {"id": "o2", "contents": "Brask is a planet founded by Bob."}])
+    test, other = tmp_path / "test.jsonl", tmp_path / "other.jsonl"
+    write_jsonl(test, [e.model_dump(mode="json") for e in EXAMPLES])
+    write_jsonl(other, [{"id": f"o{i}", "question": f"Which moon of Brask {i}?",
+                         "golden_answers": ["Quorn"]} for i in range(4)])
+    work = tmp_path / "work"
+    config = _config().model_copy(update={
+        "run": _config().run.model_copy(update={"work_dir": work}),
+        "index": _config().index.model_copy(update={"retriever": "bm25",
+                                                     "eval_all_retrievers": False}),
+        "eval": _config().eval.model_copy(update={
+            "baselines": ("retrieve_once",), "max_questions_per_set": 3})})
+    index_dir = tmp_path / "index"
+    build_indexes({"main": main_corpus, "other": other_corpus}, {}, index_dir, config.index,
+                  NullSink(), progress=False)
+    dataset = DatasetRef(paths={"test": str(test), "extra_eval:other": str(other)},
+                         fingerprints={}, corpus_path=str(main_corpus), corpus_fingerprint="",
+                         fingerprint="d", extra_corpora={"other": str(other_corpus)})
+    index = IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25")
+    ckpt = CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir))
+    sink = RecordingSink()
+    ref = evaluate_policy(config, dataset, index, ckpt, sink)
+    assert ref.seconds > 0 and ref.devices == 1
+    result = load_eval_result(ref.results_path)
+    assert result.n_questions == 5 and set(result.systems) == {"retrieve_once", TRAINED}
+    one = result.extra_sets["other"]
+    assert one.n_questions == 3  # eval.max_questions_per_set
+    assert set(one.systems) == {"retrieve_once", TRAINED}
+    assert all(s.n == 3 for s in one.systems.values()) and "retrieve_once" in one.deltas
+    assert load_eval_result(one.results_path).n_questions == 3
+    # retrieve_once searches every question: the extra set only ever sees its own corpus.
+    seen = _retrieved(work / "evaluate_policy" / "sets" / "other"
+                      / "trajectories_retrieve_once.jsonl")
+    assert seen and seen <= {"o1", "o2"}
+    main_seen = _retrieved(Path(result.systems["retrieve_once"].trajectories_path))
+    assert main_seen and main_seen <= set(DOCS)
+    assert sink.metrics["other/n_questions"] == 3.0
+    assert sink.metrics[f"other/{TRAINED}.em"] == one.systems[TRAINED].em.mean
+    assert f"other/{TRAINED}.format_rate" in sink.metrics and f"{TRAINED}.em" in sink.metrics
+    # Only the split when no extra set is wanted; an unknown name fails fast.
+    only = config.model_copy(update={"eval": config.eval.model_copy(update={"eval_sets": ()})})
+    assert load_eval_result(evaluate_policy(only, dataset, index, ckpt, NullSink())
+                            .results_path).extra_sets == {}
+    wrong = config.model_copy(update={"eval": config.eval.model_copy(
+        update={"eval_sets": ("nq",)})})
+    with pytest.raises(StageInputError, match=r"\['nq'\].*extra eval sets: \['other'\]"):
+        evaluate_policy(wrong, dataset, index, ckpt, NullSink())

@@ -363,3 +363,8 @@ def test_load_spec_yaml(tmp_path: Path) -> None:
                                     "corpus": {"from_questions": True, "source": "z"}}))
     with pytest.raises(DataError, match=r"spec\.yaml: invalid prepare spec.*train\.0\.layout"):
         load_spec(path)
+
+
+def test_the_shipped_search_r1_spec_loads() -> None:
+    spec = load_spec("configs/data/search_r1.yaml")
+    assert spec.primary == "nq" and len(spec.eval) == 7

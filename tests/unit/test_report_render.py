@@ -4,6 +4,7 @@ the HTML and every inline plot decodes to a real image."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -50,7 +51,7 @@ def _report(go: bool, costs_ok: bool = True) -> ReportInputs:
     gate = decide(GateInputs(gold_pairs=500, accuracy_delta=deltas["sft"].mean,
                              accuracy_delta_lo=deltas["sft"].lo,
                              accuracy_delta_hi=deltas["sft"].hi, comparison_baseline="sft",
-                             costs=costs), thresholds)
+                             costs=costs, comparator="frontier"), thresholds)
     return ReportInputs(
         title="searchrl decision", gate=gate, thresholds=thresholds, costs=costs,
         gold_pairs=500, comparison_baseline="sft", trained_name="trained", eval_set="test",
@@ -91,6 +92,30 @@ def test_figures_are_pngs() -> None:
     assert set(figs) == set(PLOTS)
     for data in figs.values():
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_sets_side_by_side_in_markdown_and_html() -> None:
+    r = _report(go=True)
+    hotpot = {"no_search": _results(0.0, n=10, searches=0), "sft": _results(0.2, n=10),
+              "trained": _results(0.5, n=10)}
+    r = dataclasses.replace(r, main_split="test", eval_columns={
+        "test": r.systems,
+        "hotpotqa": {n: summarize(v, samples=100) for n, v in hotpot.items()},
+        "bamboogle": {"trained": summarize(_results(0.25, n=8), samples=100)}})
+    md = render_markdown(r)
+    # EM on test (40 questions): 0.1 / 0.3 / 0.7; on hotpotqa (10): 0.0 / 0.2 / 0.5; the
+    # average needs every set, so only the trained row (also on bamboogle, 2/8) has one.
+    assert "| system | test (main) | hotpotqa | bamboogle | average |" in md
+    assert "| trained | 0.700 (n=40) | 0.500 (n=10) | 0.250 (n=8) | 0.483 |" in md
+    assert "| sft | 0.300 (n=40) | 0.200 (n=10) | n/a | n/a |" in md
+    assert "accuracy condition uses the main split, test" in md
+    page = render_html(r, figures={})
+    assert ("<tr><td>trained</td><td>0.700 (n=40)</td><td>0.500 (n=10)</td>"
+            "<td>0.250 (n=8)</td><td>0.483</td></tr>") in page
+    assert "<th>test (main)</th><th>hotpotqa</th><th>bamboogle</th><th>average</th>" in page
+    two = dataclasses.replace(r, eval_columns={k: v for k, v in r.eval_columns.items()
+                                               if k != "bamboogle"})
+    assert "| no_search | 0.100 (n=40) | 0.000 (n=10) | 0.050 |" in render_markdown(two)
 
 
 _PROBE = """<script>

@@ -118,6 +118,64 @@ def test_bm25_ranks_the_matching_passage_first_and_saves_round_trip(tmp_path: Pa
     assert BM25Index.load(tmp_path / "bm25").search(["capital of Telundria"], 3) == [ranked[1]]
 
 
+
+def _hotpot() -> tuple[list[str], list[str]]:
+    root = Path(__file__).resolve().parents[2] / "data" / "hotpotqa_train100"
+    texts = [json.loads(line)["contents"] for line in
+             (root / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+    questions = [json.loads(line)["question"] for line in
+                 (root / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
+    return texts, questions
+
+
+def test_bm25_threaded_batch_equals_one_at_a_time_and_bm25s_retrieve() -> None:
+    # Real text (994 HotpotQA passages, 100 questions + a no-known-word query): the batch,
+    # the threaded batch and query-by-query search agree exactly, and all equal bm25s' own
+    # numpy retrieve on the same token ids (same float32 sums, same top-k selection).
+    texts, questions = _hotpot()
+    queries = [*questions, "xylophonezzz qwertyuiop", "the of and"]
+    index = BM25Index.build(texts)
+    alone = [index.search([q], 10)[0] for q in queries]
+    assert index.search(queries, 10) == alone
+    for n_threads in (2, 3, 8):
+        assert index.search(queries, 10, n_threads=n_threads) == alone
+    ids = index.tokenizer.tokenize(queries, return_as="ids", update_vocab=False,
+                                   show_progress=False)
+    docs, scores = index.retriever.retrieve(ids, k=10, show_progress=False, n_threads=0)
+    expected = [[(int(d), float(s)) for d, s in zip(rd, rs, strict=True) if s > 0]
+                for rd, rs in zip(docs, scores, strict=True)]
+    assert alone == expected
+    assert alone[-1] == [] and alone[-2] == []
+    assert sum(len(r) for r in alone) > 900  # real hits, not an all-empty agreement
+    assert index.search(questions[:3], 0) == [[], [], []]
+
+
+def test_searcher_bm25_threads_change_nothing_but_speed() -> None:
+    texts, questions = _hotpot()
+    passages = [Passage(id=f"p{i}", contents=t) for i, t in enumerate(texts)]
+    index = BM25Index.build(texts)
+    one, three = (index_store.LocalSearcher(passages, BM25_ONLY.model_copy(
+        update={"bm25_threads": n}), bm25=index) for n in (1, 3))
+    assert three.search_batch(questions, 5) == one.search_batch(questions, 5)
+    assert three.search_batch(questions, 5) == [one.search_batch([q], 5)[0] for q in questions]
+
+
+def test_bm25_tied_scores_keep_bm25s_order() -> None:
+    # Every passage twice: every score ties with its copy, so the order among ties is bm25s'
+    # own (the fallback path); it must still equal retrieve, at any k and thread count.
+    texts, questions = _hotpot()
+    index = BM25Index.build(texts[:300] * 2)
+    for k in (1, 5, 10, 600):
+        ids = index.tokenizer.tokenize(questions, return_as="ids", update_vocab=False,
+                                       show_progress=False)
+        docs, scores = index.retriever.retrieve(ids, k=k, show_progress=False, n_threads=0)
+        expected = [[(int(d), float(s)) for d, s in zip(rd, rs, strict=True) if s > 0]
+                    for rd, rs in zip(docs, scores, strict=True)]
+        assert index.search(questions, k) == expected
+        assert index.search(questions, k, n_threads=4) == expected
+        assert k == 1 or any(r[0][1] == r[1][1] for r in expected if len(r) > 1)
+
+
 # --- build / manifest / reuse
 
 

@@ -82,6 +82,21 @@ def test_faiss_type_change_reuses_embeddings(built: tuple[Path, Path, LocalSearc
     assert hits[0][0].doc_id == "cat"
 
 
+def test_length_sorted_passage_batches_keep_corpus_order(
+        built: tuple[Path, Path, LocalSearcher]) -> None:
+    # encode_passages batches passages by length (batch size 4 here, 6 passages of mixed
+    # lengths): row i must still be passage i's embedding, as if embedded alone.
+    _, _, searcher = built
+    assert searcher.dense is not None
+    encoder = searcher.dense.encoder
+    texts = [p["contents"] for p in CORPUS] + ["short", "a much longer passage " * 8]
+    batched = encoder.encode_passages(texts, progress=False)
+    alone = np.concatenate([encoder.encode_passages([t], progress=False) for t in texts])
+    assert batched.shape == (len(texts), encoder.dim) and batched.dtype == np.float32
+    np.testing.assert_allclose(batched, alone, atol=1e-4)
+    assert encoder.encode_passages([], progress=False).shape == (0, encoder.dim)
+
+
 def test_encoder_mismatch_is_refused(built: tuple[Path, Path, LocalSearcher]) -> None:
     _, idx, _ = built
     with pytest.raises(IndexStoreError, match="same model"):

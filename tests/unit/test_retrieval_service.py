@@ -1,23 +1,40 @@
-"""Retrieval service (FastAPI test client): shape, limits, auth, errors; the HTTP client:
-retries with backoff, no retry on 4xx, clear failure on a dead port, a real uvicorn round trip."""
+"""Retrieval service (FastAPI test client): shape, limits, auth, errors, concurrent searches,
+the in-flight bound, rate limits, per-client stats; the HTTP client: retries with backoff
+(429 and 503 included), no retry on 4xx, clear failure on a dead port, a real uvicorn round
+trip; the managed subprocess (retrieval/service.py) over a real index."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from searchrl.config import IndexConfig
+from searchrl.data.io import read_qa
 from searchrl.retrieval.base import SearchError
 from searchrl.retrieval.client import RetrievalClient
-from searchrl.retrieval.server import _is_loopback, create_app
+from searchrl.retrieval.index_store import build_index, load_corpus_searcher
+from searchrl.retrieval.server import (
+    MAX_CLIENTS,
+    OTHER_CLIENTS,
+    _is_loopback,
+    create_app,
+    load_service_searcher,
+    query_flags,
+)
+from searchrl.retrieval.service import ServiceError, check_port_free, check_service, serve_index
+from searchrl.sinks import NullSink
 from searchrl.types import SearchHit
 
 CONFIG = IndexConfig(max_batch=4, max_top_k=5, max_query_chars=50)
@@ -202,3 +219,286 @@ def test_client_round_trip_through_a_real_server(live_server: str,
     monkeypatch.delenv("SEARCHRL_TEST_TOKEN")
     with pytest.raises(SearchError, match="HTTP 401"):
         RetrievalClient.from_config(config).search_batch(["x"], 1)
+
+
+# --- concurrency, limits, monitoring
+
+
+class SlowSearcher:
+    """Sleeps `delay_s` per search and records (start, end); blocks on `gate` when given."""
+
+    def __init__(self, delay_s: float = 0.0, gate: threading.Event | None = None) -> None:
+        self.delay_s = delay_s
+        self.gate = gate
+        self.entered = threading.Event()
+        self.spans: list[tuple[float, float]] = []
+
+    def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
+        start = time.perf_counter()
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(timeout=30)
+        time.sleep(self.delay_s)
+        self.spans.append((start, time.perf_counter()))
+        return [[SearchHit(f"{q}#0", None, q, 1.0)] for q in queries]
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _post_in_threads(url: str, n: int) -> list[int]:
+    codes: list[int] = []
+
+    def one() -> None:
+        resp = httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 1}, timeout=10)
+        codes.append(resp.status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    return codes
+
+
+@pytest.mark.parametrize("serialise", [False, True])
+def test_searches_overlap_unless_serialised(serialise: bool) -> None:
+    slow = SlowSearcher(delay_s=0.4)
+    with serving(create_app(slow, CONFIG.model_copy(update={"service_workers": 4}),
+                            serialise=serialise)) as url:
+        assert _post_in_threads(url, 2) == [200, 200]
+    # Concurrent: the second search starts before the first ends.
+    (_, first_end), (second_start, _) = sorted(slow.spans)
+    assert (second_start < first_end) is not serialise
+
+
+def test_in_flight_bound_answers_busy_503() -> None:
+    gate = threading.Event()
+    slow = SlowSearcher(gate=gate)
+    config = CONFIG.model_copy(update={"service_workers": 1, "service_max_inflight": 1})
+    app = create_app(slow, config)
+    with serving(app) as url:
+        first = threading.Thread(target=_post_in_threads, args=(url, 1))
+        first.start()
+        assert slow.entered.wait(timeout=10)
+        busy = httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 1}, timeout=10)
+        gate.set()
+        first.join(timeout=10)
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+    assert "busy" in busy.json()["detail"] and "service_max_inflight=1" in busy.json()["detail"]
+    assert app.state.monitor.snapshot()["totals"]["busy"] == 1
+
+
+def test_rate_limit_answers_429_with_retry_after(fake: FakeSearcher) -> None:
+    config = CONFIG.model_copy(update={"service_rate_limit_per_s": 0.5,
+                                       "service_rate_burst": 2})
+    api = TestClient(create_app(fake, config))
+    body = {"queries": ["a"], "topk": 1}
+    codes = [api.post("/retrieve", json=body).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    limited = api.post("/retrieve", json=body)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert "rate limit of 0.5 requests/s" in limited.json()["detail"]
+    # Per client: another client id has its own bucket.
+    other = api.post("/retrieve", json=body, headers={"X-Client-Id": "rank1"})
+    assert other.status_code == 200
+    assert len(fake.calls) == 3
+
+
+def test_client_retries_429_then_succeeds() -> None:
+    seen: list[int] = []
+
+    def limited_once(request: httpx.Request) -> httpx.Response:
+        seen.append(1)
+        if len(seen) == 1:
+            return httpx.Response(429, headers={"Retry-After": "0"},
+                                  json={"detail": "rate limit"})
+        return _ok(request)
+
+    hits = _client(limited_once).search_batch(["a"], 1)
+    assert len(seen) == 2 and hits[0][0].doc_id == "a-1"
+
+
+def test_client_waits_for_retry_after_but_no_longer_than_its_timeout() -> None:
+    seen: list[float] = []
+
+    def limited(request: httpx.Request) -> httpx.Response:
+        seen.append(time.perf_counter())
+        return httpx.Response(429, headers={"Retry-After": "3600"}, json={"detail": "slow down"})
+
+    client = RetrievalClient("http://svc", retries=1, backoff_s=0.01, timeout_s=0.3,
+                             transport=httpx.MockTransport(limited))
+    with pytest.raises(SearchError, match="HTTP 429: slow down"):
+        client.search_batch(["a"], 1)
+    assert 0.25 < seen[1] - seen[0] < 2.0
+
+
+def test_stats_per_client_behind_the_token(fake: FakeSearcher) -> None:
+    api = TestClient(create_app(fake, CONFIG, token="s3cret"))
+    auth = {"Authorization": "Bearer s3cret"}
+    for client, queries in (("rank0", ["a", "b"]), ("rank0", ["c"]), ("rank1", ["d"])):
+        assert api.post("/retrieve", json={"queries": queries, "topk": 1},
+                        headers={**auth, "X-Client-Id": client}).status_code == 200
+    api.post("/retrieve", json={"queries": ["<answer>x</answer>", "y" * 40, "  "], "topk": 1},
+             headers={**auth, "X-Client-Id": "rank1"})
+    api.post("/retrieve", json={"queries": ["q"] * 9}, headers={**auth, "X-Client-Id": "rank1"})
+    api.post("/retrieve", json={"queries": ["a"]})  # no token
+    assert api.get("/stats").status_code == 401
+    stats = api.get("/stats", headers=auth).json()
+    rank0, rank1 = (stats["clients"][f"testclient/{r}"] for r in ("rank0", "rank1"))
+    assert (rank0["requests"], rank0["served"], rank0["queries"]) == (2, 2, 3)
+    assert (rank1["requests"], rank1["served"], rank1["queries"], rank1["rejected"]) == (
+        3, 2, 4, 1)
+    assert rank1["flagged"] == {"markup": 1, "empty": 1}
+    assert stats["totals"]["unauthorized"] == 2  # the tokenless POST and GET /stats
+    assert stats["recent"][-3]["query"] == "<answer>x</answer>"
+    assert stats["recent"][-3]["flags"] == ["markup"]
+
+
+def test_query_flags() -> None:
+    assert query_flags("who founded acme") == []
+    assert query_flags("x" * 301) == ["long"]
+    assert query_flags("a </information> b") == ["markup"]
+    assert query_flags("<div class=x>hi") == ["markup"]
+    assert query_flags("1 < 2 and 3 > 2") == []
+    assert query_flags(" ") == ["empty"]
+
+
+def test_client_table_is_bounded(fake: FakeSearcher) -> None:
+    app = create_app(fake, CONFIG)
+    api = TestClient(app)
+    for i in range(MAX_CLIENTS + 5):
+        api.post("/retrieve", json={"queries": ["a"], "topk": 1}, headers={"X-Client-Id": str(i)})
+    clients = app.state.monitor.snapshot()["clients"]
+    assert len(clients) == MAX_CLIENTS + 1 and clients[OTHER_CLIENTS]["requests"] == 5
+
+
+# --- the managed subprocess (retrieval/service.py) over a real index
+
+HOTPOT = Path(__file__).resolve().parents[2] / "data" / "hotpotqa_train100"
+TOKEN_ENV = "SEARCHRL_TEST_SERVICE_TOKEN"
+
+
+@pytest.fixture(scope="module")
+def real_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("svc") / "index"
+    build_index(HOTPOT / "corpus.jsonl", out, IndexConfig(retriever="bm25",
+                eval_all_retrievers=False), None, NullSink(), progress=False)
+    return out
+
+
+def _service_config(**update: object) -> IndexConfig:
+    return IndexConfig(retriever="bm25", eval_all_retrievers=False, mode="service",
+                       service_port=free_port(), service_token_env=TOKEN_ENV,
+                       service_stop_grace_s=5.0, **update)  # type: ignore[arg-type]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_serve_index_answers_like_the_inprocess_searcher_then_stops(
+        real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    config = _service_config()
+    questions = [ex.question for ex in read_qa(HOTPOT / "questions.jsonl")[:6]]
+    with serve_index(real_index, config, log_dir=tmp_path) as url:
+        assert url == config.service_url == f"http://127.0.0.1:{config.service_port}"
+        token = os.environ[TOKEN_ENV]  # generated for the block, seen by in-process clients
+        client = RetrievalClient.from_config(config)
+        health = client.health()
+        assert health["status"] == "ok" and health["passages"] == 994
+        served = client.search_batch(questions, 3)
+        assert served == load_corpus_searcher(real_index, config).search_batch(questions, 3)
+        with pytest.raises(SearchError, match="HTTP 401"):
+            RetrievalClient(url, token="wrong", retries=0).search_batch(["x"], 1)
+    assert TOKEN_ENV not in os.environ and token
+    assert _gone(health["pid"])
+    check_port_free("127.0.0.1", config.service_port)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["totals"]["queries"] == 6 and stats["totals"]["unauthorized"] == 1
+    assert "serving 994 passages" in (tmp_path / "server.log").read_text()
+
+
+def test_serve_index_stops_when_the_block_fails(real_index: Path) -> None:
+    config = _service_config()
+    pid = 0
+    with pytest.raises(RuntimeError, match="stage failed"), serve_index(real_index, config):
+        pid = RetrievalClient.from_config(config).health()["pid"]
+        raise RuntimeError("stage failed")
+    assert pid and _gone(pid)
+    check_port_free("127.0.0.1", config.service_port)
+
+
+def test_a_server_dying_at_start_reports_its_log(tmp_path: Path) -> None:
+    with (pytest.raises(ServiceError, match=r"exited with code 1(.|\n)*no complete index here"),
+          serve_index(tmp_path, _service_config())):
+        pytest.fail("must not start")
+
+
+def test_a_taken_port_fails_before_starting(real_index: Path) -> None:
+    config = _service_config()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", config.service_port))
+        sock.listen()
+        with (pytest.raises(ServiceError, match=r"set index\.service_port and index\.service_url"),
+              serve_index(real_index, config)):
+            pytest.fail("must not start")
+
+
+def test_an_unreachable_external_service_fails_fast() -> None:
+    config = _service_config(service_managed=False, client_retries=0, client_timeout_s=1.0)
+    with pytest.raises(ServiceError, match="service_managed=true"):
+        check_service(config)
+
+
+def test_service_address_is_one_place() -> None:
+    assert IndexConfig(service_port=9001).service_url == "http://127.0.0.1:9001"
+    derived = IndexConfig(service_url="http://localhost:9002")
+    assert (derived.service_host, derived.service_port) == ("localhost", 9002)
+    with pytest.raises(ValueError, match="must be where the managed server listens"):
+        IndexConfig(mode="service", service_port=9003, service_url="http://127.0.0.1:8000")
+    IndexConfig(mode="service", service_managed=False, service_port=9003,
+                service_url="http://retriever.internal:8000")
+
+
+def test_concurrent_hybrid_searches_match_sequential_ones(tmp_path: Path) -> None:
+    # BM25 + faiss + the (locked) encoder from four threads at once, as the server runs them.
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join((HOTPOT / "corpus.jsonl").read_text().splitlines(True)[:40]))
+    config = IndexConfig(retriever="hybrid", eval_all_retrievers=True)
+    build_index(corpus, tmp_path / "index", config, None, NullSink(), progress=False)
+    searcher, on_gpu = load_service_searcher(tmp_path / "index", config)
+    assert not on_gpu
+    batches = [[ex.question for ex in read_qa(HOTPOT / "questions.jsonl")[i:i + 4]]
+               for i in range(0, 32, 4)]
+    expected = [searcher.search_batch(b, 3) for b in batches]
+    got: dict[int, list[list[SearchHit]]] = {}
+
+    def work(i: int) -> None:
+        got[i] = searcher.search_batch(batches[i], 3)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [got[i] for i in range(len(batches))] == expected

@@ -1,6 +1,7 @@
 """Benchmark gold-label validation on synthetic rows: wall time per 10,000 QA rows.
 
     python -m searchrl.contracts.bench --rows 10000 --passages 100000 --out /tmp/bench
+    python -m searchrl.contracts.bench --rows 100000 --bad-lines 1   # + a truncated train line
 
 Writes a random corpus (word-salad passages, each QA answer planted in one of them, a few
 answers planted nowhere) and QA files (train 80%, test 20%, a few leaked and near-duplicate
@@ -22,7 +23,7 @@ from searchrl.config import PipelineConfig
 from searchrl.contracts.answerability import find_answers
 from searchrl.contracts.suites import SuiteRunner
 from searchrl.contracts.validate import validate_gold_labels
-from searchrl.data.io import read_passages, read_raw_qa_rows, write_jsonl
+from searchrl.data.io import read_passages, read_raw_qa_rows_lenient, write_jsonl
 from searchrl.text import normalize_answer
 
 
@@ -65,15 +66,30 @@ def make_data(out: Path, n_rows: int, n_passages: int, seed: int = 0) -> dict[st
     return paths
 
 
+def truncate_lines(path: Path, n_bad: int) -> list[int]:
+    """Cut `n_bad` evenly spaced lines of a JSONL file in half (a write cut short), in place;
+    return their line numbers. The manifest no longer matches, as for a steward's edit."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    step = max(len(lines) // (n_bad + 1), 1)
+    cut = [step * (k + 1) for k in range(n_bad) if step * (k + 1) <= len(lines)]
+    for lineno in cut:
+        lines[lineno - 1] = lines[lineno - 1][: len(lines[lineno - 1]) // 2]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return cut
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m searchrl.contracts.bench")
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
     parser.add_argument("--contracts-dir", type=Path, default=Path("data_contracts"))
+    parser.add_argument("--bad-lines", type=int, default=0,
+                        help="truncate this many train lines (they must be quarantined)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     paths = make_data(args.out / "data", args.rows, args.passages)
+    bad_lines = truncate_lines(paths["train"], args.bad_lines) if args.bad_lines else []
     t_data = time.perf_counter() - t0
     config = PipelineConfig.model_validate({
         "run": {"name": "bench", "work_dir": str(args.out / "run")},
@@ -87,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     t_stage, c_stage = time.perf_counter() - t0, time.process_time() - c0
 
     passages = read_passages(paths["corpus"])
-    rows = [raw for _, raw in read_raw_qa_rows(paths["train"])]
+    t0 = time.perf_counter()
+    rows = [raw for _, raw in read_raw_qa_rows_lenient(paths["train"])[0]]
+    t_read = time.perf_counter() - t0
     answers = {normalize_answer(a) for r in rows for a in r["golden_answers"]}
     t0, c0 = time.perf_counter(), time.process_time()
     hits = find_answers(answers, [("corpus", passages)])
@@ -98,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     runner.run("gold_qa", "train", rows)
     t_suite = time.perf_counter() - t0
     print(json.dumps({
-        "rows": args.rows, "passages": args.passages,
+        "rows": args.rows, "passages": args.passages, "bad_lines": bad_lines,
         "generate_data_s": round(t_data, 2),
+        "read_train_s": round(t_read, 3),
         "validate_stage_s": round(t_stage, 2),
         "validate_stage_s_per_10k_rows": round(t_stage * 10_000 / args.rows, 2),
         "validate_stage_cpu_s": round(c_stage, 2),

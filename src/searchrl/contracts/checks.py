@@ -12,7 +12,8 @@ Checks (the `check` names used in flags, counts, the report and the config):
   answer, none a span of another): at least one label is wrong and we cannot tell which.
 - leakage_exact / leakage_near: a train question equal (after normalisation) or near-equal
   (token-set Jaccard >= threshold) to a dev/test/extra-eval question; the train row is flagged
-  so the evaluation sets stay fixed.
+  so the evaluation sets stay fixed. Reported whatever else is wrong with the row (conflicting
+  gold, a broken contract): a steward fixing that must still learn the question leaks.
 - unanswerable: no gold answer (normalised) occurs in any corpus passage.
 - not_in_supporting: the answer occurs in the corpus but in none of the named supporting
   passages.
@@ -37,6 +38,7 @@ from searchrl.types import Passage, QAExample
 TRAIN_SPLIT = "train"
 
 CHECK_DESCRIPTIONS: dict[str, str] = {
+    "parse": "line is not a JSON object (truncated, not UTF-8, not JSON): nothing to check",
     "contract": "fails the data contract (Great Expectations suite)",
     "duplicate_id": "id is not unique within its file",
     "schema": "fails the pydantic row schema",
@@ -132,7 +134,8 @@ def question_group_flags(rows: Sequence[CheckedRow]) -> list[Flag]:
         answers = [_norm_answers(r) for r in members]
         for (i, a), (j, b) in combinations(enumerate(members), 2):
             sa, sb = answers[i], answers[j]
-            if not _compatible(sa, sb):
+            compatible = _compatible(sa, sb)
+            if not compatible:
                 for row, other in ((a, b), (b, a)):
                     flags.append(_flag(
                         row, "conflicting_gold",
@@ -142,8 +145,7 @@ def question_group_flags(rows: Sequence[CheckedRow]) -> list[Flag]:
                         f"other row: {other.example.question!r} -> "
                         f"{list(other.example.golden_answers)}",
                         other=other.ref()))
-                continue
-            if a.example.golden_answers != b.example.golden_answers:
+            elif a.example.golden_answers != b.example.golden_answers:
                 for row, other in ((a, b), (b, a)):
                     flags.append(_flag(
                         row, "answer_variant",
@@ -154,9 +156,11 @@ def question_group_flags(rows: Sequence[CheckedRow]) -> list[Flag]:
                         f"{list(other.example.golden_answers)}",
                         other=other.ref()))
             if a.split == b.split:
-                flags.append(_flag(b, "duplicate_question",
-                                   f"duplicate of {a.label()} (first occurrence kept)",
-                                   f"first: {a.example.question!r}", first=a.ref()))
+                # Incompatible: conflicting_gold says more, and neither row is "kept".
+                if compatible:
+                    flags.append(_flag(b, "duplicate_question",
+                                       f"duplicate of {a.label()} (first occurrence kept)",
+                                       f"first: {a.example.question!r}", first=a.ref()))
             elif TRAIN_SPLIT in (a.split, b.split):
                 train, other = (a, b) if a.split == TRAIN_SPLIT else (b, a)
                 flags.append(_flag(train, "leakage_exact",
@@ -165,6 +169,14 @@ def question_group_flags(rows: Sequence[CheckedRow]) -> list[Flag]:
                                    f"{other.example.question!r}",
                                    eval_row=other.ref()))
     return _dedupe(flags)
+
+
+def leakage_flags(rows: Sequence[CheckedRow], threshold: float) -> list[Flag]:
+    """leakage_exact + leakage_near alone, for train rows the other checks cannot read (no
+    usable gold answer, say): a train question that is an evaluation question is reported
+    whatever else is wrong with the row."""
+    exact = [f for f in question_group_flags(rows) if f.check == "leakage_exact"]
+    return exact + near_duplicate_leakage_flags(rows, threshold)
 
 
 def _dedupe(flags: list[Flag]) -> list[Flag]:

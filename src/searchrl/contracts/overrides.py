@@ -7,17 +7,26 @@ File format (YAML list; `split` optional, it narrows a match when ids repeat acr
       golden_answers: [a spirit]  # correct only
       reason: "annotator typo, checked against the supporting passage"
       steward: jdoe
+      decided_at: "2025-01-31T12:00:00+00:00"  # optional; apply-audit sets it
+      source: audit:test/5a77ec115542992a6e59dff7  # optional; where the decision came from
 
 `correct` replaces the gold answers before any check runs, so the corrected row is checked
 like any other. `accept` keeps a flagged row out of quarantine; it cannot waive a contract,
 schema or duplicate-id failure (such a row cannot be used as it stands: correct the source).
+
+`merge_audit_decisions` (the `apply-audit` command) appends the decisions a steward made on the
+label-noise audit's suspect rows (`searchrl.eval.audit`) to this file: never rewriting or
+deleting an entry, and a decision already present is not added twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -38,6 +47,8 @@ class Override(BaseModel):
     golden_answers: tuple[NonBlank, ...] | None = Field(default=None, min_length=1)
     reason: NonBlank
     steward: NonBlank
+    decided_at: NonBlank | None = None
+    source: NonBlank | None = None
 
     def matches(self, split: str, row_id: str | None) -> bool:
         return row_id == self.id and (self.split is None or self.split == split)
@@ -95,3 +106,143 @@ def load_overrides(path: Path | None) -> list[Override]:
     if dupes:
         raise OverridesError(f"{path}: more than one override for {dupes}; keep one per row")
     return out
+
+
+# --- decisions from the label-noise audit
+
+AUDIT_DECISIONS = ("accept", "correct")  # "" or "skip": not decided yet
+_YAML_WIDTH = 1000  # one line per field: a wrapped reason is hard to read and to diff
+
+
+@dataclass
+class MergeResult:
+    """What `merge_audit_decisions` did: overrides appended, decision rows already present,
+    rows not merged because an override for the row says otherwise, rows left undecided."""
+
+    added: list[Override] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    undecided: int = 0
+
+
+def _audit_override(row: dict[str, Any], label: str, steward: str | None, now: str) -> Override:
+    decision = str(row.get("decision") or "").strip()
+    if decision not in AUDIT_DECISIONS:
+        raise OverridesError(f"{label}: field 'decision': {decision!r} is not one of "
+                             f"{[*AUDIT_DECISIONS, 'skip', '']}")
+    for name in ("example_id", "split", "key"):
+        if not str(row.get(name) or "").strip():
+            raise OverridesError(f"{label}: field {name!r} is missing: pass the audit's "
+                                 "suspect_labels*.jsonl rows, edited only in decision, "
+                                 "corrected_answers, reason and steward")
+    who = str(row.get("steward") or "").strip() or steward
+    if not who:
+        raise OverridesError(f"{label}: field 'steward' is empty: fill it in, or pass "
+                             "--steward NAME")
+    answers: list[str] | None = None
+    if decision == "correct":
+        answers = [str(a) for a in row.get("corrected_answers") or [] if str(a).strip()]
+        answers = answers or ([str(row["answer"])] if str(row.get("answer") or "").strip()
+                              else [])
+        if not answers:
+            raise OverridesError(f"{label}: field 'corrected_answers': required for decision "
+                                 "'correct' when the row has no policy answer")
+    reason = str(row.get("reason") or "").strip() or (
+        f"label-noise audit ({row.get('tier', 'suspect')}): gold "
+        f"{' / '.join(str(g) for g in row.get('golden_answers') or [])} vs policy answer "
+        f"{row.get('answer')}; "
+        + ("gold corrected" if decision == "correct" else "gold checked and kept"))
+    try:
+        return Override(id=str(row["example_id"]), split=str(row["split"]), action=decision,
+                        golden_answers=tuple(answers) if answers else None, reason=reason,
+                        steward=who, decided_at=now, source=f"audit:{row['key']}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fld = ".".join(str(p) for p in first["loc"]) or "<row>"
+        raise OverridesError(f"{label}: field {fld!r}: {first['msg']}") from exc
+
+
+def _same_decision(a: Override, b: Override) -> bool:
+    return a.action == b.action and a.golden_answers == b.golden_answers
+
+
+def _entry(o: Override) -> dict[str, Any]:
+    return o.model_dump(mode="json", exclude_none=True)
+
+
+def merge_audit_decisions(decisions_path: Path, overrides_path: Path, *,
+                          steward: str | None = None, now: datetime | None = None
+                          ) -> MergeResult:
+    """Append the decided rows of an audit suspects file (JSONL; the steward fills `decision`
+    with accept | correct, optionally `corrected_answers` (default: the policy's answer),
+    `reason` and `steward`) to the overrides file, as `accept` (the gold was checked and is
+    right) or `correct` (replace the gold) overrides of the row's split and id.
+
+    Idempotent: a row whose decision an override of that row already records is left alone;
+    a row an existing override decides differently is a conflict, reported and not merged
+    (edit the overrides file by hand to change a decision). Existing entries and comments are
+    kept as written; the file is replaced atomically, and only when something is added.
+    """
+    when = (now or datetime.now(UTC)).isoformat(timespec="seconds")
+    existing = load_overrides(overrides_path) if overrides_path.is_file() else []
+    result = MergeResult()
+    with decisions_path.open(encoding="utf-8") as fh:
+        lines = [(i, line) for i, line in enumerate(fh, start=1) if line.strip()]
+    for lineno, line in lines:
+        label = f"{decisions_path}: line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise OverridesError(f"{label}: not valid JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise OverridesError(f"{label}: expected a JSON object (one suspect row)")
+        if str(row.get("decision") or "").strip() in ("", "skip"):
+            result.undecided += 1
+            continue
+        new = _audit_override(row, label, steward, when)
+        known = [o for o in [*existing, *result.added] if o.matches(str(new.split), new.id)]
+        if any(_same_decision(o, new) for o in known):
+            result.unchanged.append(str(row["key"]))
+        elif known:
+            result.conflicts.append(
+                f"{row['key']}: decision {new.action} {list(new.golden_answers or ())} "
+                f"conflicts with the override already in {overrides_path} "
+                f"({known[0].action} {list(known[0].golden_answers or ())} by "
+                f"{known[0].steward})")
+        else:
+            result.added.append(new)
+    if result.added:
+        _append_overrides(overrides_path, existing, result.added)
+    return result
+
+
+def _append_overrides(path: Path, existing: list[Override], added: list[Override]) -> None:
+    """Append entries as YAML text, so existing entries and comments stay as written; checked
+    by loading the result before it replaces the file."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    block = yaml.safe_dump([_entry(o) for o in added], sort_keys=False, allow_unicode=True,
+                           width=_YAML_WIDTH)
+    if not existing:  # an empty file is often a bare `[]`: drop it, keep the comments
+        kept = [line for line in text.splitlines() if line.strip() not in ("[]", "---")]
+        candidate = "".join(f"{line}\n" for line in kept) + block
+    else:
+        candidate = text.rstrip("\n") + "\n" + block
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(candidate, encoding="utf-8")
+    want = [_entry(o) for o in [*existing, *added]]
+    try:
+        try:
+            appended = [_entry(o) for o in load_overrides(tmp)] == want
+        except OverridesError:
+            appended = False
+        if not appended:
+            # A flow-style list (`[{...}]`) cannot be appended to as text: re-emit it whole,
+            # keeping the comment lines.
+            header = "".join(f"{line}\n" for line in text.splitlines()
+                             if line.startswith("#"))
+            tmp.write_text(header + yaml.safe_dump(want, sort_keys=False, allow_unicode=True,
+                                                   width=_YAML_WIDTH), encoding="utf-8")
+            load_overrides(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

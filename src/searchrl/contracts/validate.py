@@ -3,13 +3,20 @@ write the data steward's audit report.
 
 Order of work (each step's output feeds the next; nothing downstream sees an unchecked row):
 
-1. materialise the sources (`<out_dir>/source/`), load the steward overrides;
+1. materialise the sources (`<out_dir>/source/`), load the steward overrides; a QA line that
+   is not a JSON object becomes a `parse` flag on that file and line (the rest validates); a
+   file unreadable as a whole stops the stage with a one-line DataError naming it;
 2. corpora: the `corpus` GX suite + row schema; a broken passage stops the stage;
 3. QA splits: steward corrections applied, then the `gold_qa` (train) or `eval_set` (dev, test,
    extra eval) suite + row schema: failures are per-row `contract`/`duplicate_id`/`schema` flags;
-4. checks beyond the schema on the rows that passed (`searchrl.contracts.checks`);
+   rows keep their source file and row number (the line, for JSONL);
+4. checks beyond the schema (`searchrl.contracts.checks`) on every row that parses as a
+   `QAExample`, contract failures included (they are quarantined anyway, but their leakage and
+   answer variants are still reported); train rows without usable gold still get the leakage
+   checks;
 5. decide: a flag whose check is in `validate.quarantine_checks` quarantines its row unless a
-   steward accepted it; every other flag is shown for review;
+   steward accepted it (`parse`/`contract`/`schema`/`duplicate_id` always quarantine and
+   cannot be accepted); every other flag is shown for review;
 6. write `quarantine.jsonl`, `audit.json`, `audit_report.{md,html}`; check clean + quarantined
    = input; fail with `QuarantineThresholdError` when the quarantined share passes
    `validate.max_quarantine_fraction` (the report is written first, so the steward can act);
@@ -33,6 +40,7 @@ from searchrl.contracts.checks import (
     Flag,
     answer_variant_flags,
     answerability_flags,
+    leakage_flags,
     near_duplicate_leakage_flags,
     question_group_flags,
     time_sensitive_flags,
@@ -47,17 +55,19 @@ from searchrl.contracts.report import (
 )
 from searchrl.contracts.suites import ContractError, SuiteResult, SuiteRunner
 from searchrl.data.io import (
+    BadRow,
     atomic_write_text,
     manifest_path,
     read_passages,
     read_raw_qa_rows,
     write_jsonl,
 )
-from searchrl.data.sources import materialise_sources
+from searchrl.data.sources import SourceRows, materialise_sources
 from searchrl.types import Passage, QAExample
 
-# A row failing these cannot be used as it stands; a steward corrects the source instead.
-UNWAIVABLE = frozenset({"contract", "schema", "duplicate_id"})
+# A row failing these cannot be used as it stands; a steward corrects the source instead. They
+# quarantine whatever `validate.quarantine_checks` lists: such a row is never clean.
+UNWAIVABLE = frozenset({"parse", "contract", "schema", "duplicate_id"})
 
 
 class QuarantineThresholdError(RuntimeError):
@@ -156,15 +166,32 @@ def _apply_corrections(split: str, rows: list[tuple[int, dict[str, Any]]],
     return applied
 
 
+def _leakage_proxy(rowno: int, raw: dict[str, Any]) -> QAExample | None:
+    """The question of a row that does not parse as a QAExample (no usable gold), for the
+    leakage checks alone; None without a question to compare."""
+    question = raw.get("question")
+    if not isinstance(question, str) or not question.strip():
+        return None
+    answers = raw.get("golden_answers")
+    golds = tuple(a for a in answers if isinstance(a, str)) if isinstance(answers, list) else ()
+    row_id = raw.get("id")
+    return QAExample.model_construct(
+        id=str(row_id) if row_id is not None else f"row {rowno}", question=question,
+        golden_answers=golds, hops=None, type=None, supporting_doc_ids=())
+
+
 def _contract_flags(split: str, rows: list[tuple[int, dict[str, Any]]], result: SuiteResult,
-                    schema: Any) -> tuple[dict[int, list[Flag]], dict[int, QAExample]]:
-    """Per row: contract/duplicate_id/schema flags; the parsed example for rows with none."""
+                    schema: Any
+                    ) -> tuple[dict[int, list[Flag]], dict[int, QAExample], dict[int, QAExample]]:
+    """Per row: contract/duplicate_id/schema flags; the parsed example of every row that
+    parses as a QAExample, flagged or not; a leakage proxy for the rest with a question."""
     ids: dict[str, list[int]] = defaultdict(list)
     for rowno, raw in rows:
         if isinstance(raw.get("id"), str):
             ids[raw["id"]].append(rowno)
     flags: dict[int, list[Flag]] = defaultdict(list)
     parsed: dict[int, QAExample] = {}
+    proxies: dict[int, QAExample] = {}
     for i, (rowno, raw) in enumerate(rows):
         row_id = raw.get("id") if isinstance(raw.get("id"), str) else None
         for check, reason in result.row_failures.get(i, []):
@@ -176,22 +203,36 @@ def _contract_flags(split: str, rows: list[tuple[int, dict[str, Any]]], result: 
                 flags[rowno].append(Flag(split, rowno, row_id, check, reason))
         try:
             schema.model_validate(raw)
-            example = QAExample.model_validate(raw)
         except ValidationError as exc:
             if not flags[rowno]:  # the suite passed this row: the two contracts disagree
                 first = exc.errors()[0]
                 flags[rowno].append(Flag(
                     split, rowno, row_id, "schema",
                     f"{'.'.join(map(str, first['loc']))}: {first['msg']}"))
-            continue
-        if not flags[rowno]:
-            parsed[rowno] = example
-    return flags, parsed
+        try:
+            parsed[rowno] = QAExample.model_validate(raw)
+        except ValidationError:
+            proxy = _leakage_proxy(rowno, raw)
+            if proxy is not None:
+                proxies[rowno] = proxy
+    return flags, parsed, proxies
+
+
+def _parse_outcome(split: str, bad: BadRow) -> RowOutcome:
+    """A line that is not a JSON object: quarantined with its file, line and parse error."""
+    return RowOutcome(split, bad.source, bad.line, {}, [Flag(
+        split, bad.line, None, "parse", f"{bad.source}:{bad.line}: {bad.error}",
+        f"line {bad.line}: {bad.text!r}",
+        {"file": bad.source, "line": bad.line, "error": bad.error, "text": bad.text})])
+
+
+def _quarantines(check: str, cfg: ValidateConfig) -> bool:
+    return check in cfg.quarantine_checks or check in UNWAIVABLE
 
 
 def _decide(outcome: RowOutcome, cfg: ValidateConfig, overrides: list[Override],
             used: set[int]) -> None:
-    blocking = [f for f in outcome.flags if f.check in cfg.quarantine_checks]
+    blocking = [f for f in outcome.flags if _quarantines(f.check, cfg)]
     for k, o in enumerate(overrides):
         if o.action != "accept" or not o.matches(outcome.split, outcome.id):
             continue
@@ -209,12 +250,12 @@ def _decide(outcome: RowOutcome, cfg: ValidateConfig, overrides: list[Override],
 
 
 def _quarantine_record(o: RowOutcome, cfg: ValidateConfig) -> dict[str, Any]:
-    blocking = [f for f in o.flags if f.check in cfg.quarantine_checks]
+    blocking = [f for f in o.flags if _quarantines(f.check, cfg)]
     return {
         "split": o.split, "file": o.file, "row": o.row, "id": o.id,
         "reason": "; ".join(f"{f.check}: {f.reason}" for f in blocking),
         "reasons": [{"check": f.check, "reason": f.reason, "detail": f.detail,
-                     "evidence": f.evidence, "quarantines": f.check in cfg.quarantine_checks}
+                     "evidence": f.evidence, "quarantines": _quarantines(f.check, cfg)}
                     for f in o.flags],
         "overrides": [{"action": a.override.action, "steward": a.override.steward,
                        "reason": a.override.reason, "effect": a.effect} for a in o.overrides],
@@ -242,9 +283,10 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     """Validate every QA split and corpus; write clean splits, quarantine and audit report.
 
     Returns the clean split paths (`<out_dir>/<split>.jsonl`, ':' in names as '_'), the corpus
-    path and the report paths. Raises ContractError (a corpus breaks its contract, or a suite
-    module is broken), OverridesError (bad overrides file) or QuarantineThresholdError (after
-    writing quarantine and report; no clean split is then marked complete).
+    path and the report paths. Raises DataError (a source file unreadable as a whole; one line
+    naming it), ContractError (a corpus breaks its contract, or a suite module is broken),
+    OverridesError (bad overrides file) or QuarantineThresholdError (after writing quarantine
+    and report; no clean split is then marked complete).
     """
     cfg = config.validate_
     started = time.perf_counter()
@@ -252,7 +294,8 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     for old in out_dir.glob("*.jsonl.manifest.json"):  # an earlier run's outputs: not ours
         old.unlink()
     overrides = load_overrides(cfg.overrides_path)
-    source_paths = materialise_sources(config.data, out_dir / "source")
+    provenance = SourceRows()
+    source_paths = materialise_sources(config.data, out_dir / "source", provenance=provenance)
     runner = SuiteRunner(cfg.contracts_dir, cfg)
 
     # --- corpora
@@ -267,28 +310,47 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     used: set[int] = set()
     outcomes: list[RowOutcome] = []
     checked: list[CheckedRow] = []
+    broken: list[CheckedRow] = []  # parse as QAExample but break the contract
+    proxies: list[CheckedRow] = []
     rows_in: dict[str, int] = {}
     for name, path in source_paths.items():
         if _is_corpus(name):
             continue
-        rows = read_raw_qa_rows(path)
-        rows_in[name] = len(rows)
+        rows = read_raw_qa_rows(path)  # our own copy: every line is a JSON object
+        file = provenance.files.get(name, str(path))
+        if name in provenance.rows:  # number rows as the steward's file does, not the copy
+            source_rows = provenance.rows[name]
+            if len(source_rows) != len(rows):
+                raise ValidationInvariantError(f"{path}: {len(rows)} rows copied from {file}, "
+                                               f"which has {len(source_rows)}")
+            rows = [(rowno, raw) for rowno, (_, raw) in zip(source_rows, rows, strict=True)]
+        unreadable = provenance.unreadable.get(name, [])
+        rows_in[name] = len(rows) + len(unreadable)
         corrected = _apply_corrections(name, rows, overrides, used)
         suite = "gold_qa" if name == "train" else "eval_set"
         result = runner.run(suite, name, [raw for _, raw in rows])
         suites.append(result)
-        flags, parsed = _contract_flags(name, rows, result, runner.row_schema(suite))
+        flags, parsed, leak_only = _contract_flags(name, rows, result, runner.row_schema(suite))
         for rowno, raw in rows:
-            outcomes.append(RowOutcome(name, str(path), rowno, raw, list(flags.get(rowno, [])),
+            outcomes.append(RowOutcome(name, file, rowno, raw, list(flags.get(rowno, [])),
                                        overrides=list(corrected.get(rowno, []))))
             if rowno in parsed:
-                checked.append(CheckedRow(name, rowno, parsed[rowno]))
+                (broken if flags.get(rowno) else checked).append(
+                    CheckedRow(name, rowno, parsed[rowno]))
+            elif rowno in leak_only and name == "train":
+                proxies.append(CheckedRow(name, rowno, leak_only[rowno]))
+        outcomes.extend(_parse_outcome(name, bad) for bad in unreadable)
 
-    # --- checks beyond the schema
+    # --- checks beyond the schema, on contract-broken rows too (after the sound ones, so a
+    # duplicate_question lands on the broken copy and the sound "first occurrence" is kept)
+    usable = checked
+    checked = usable + broken
+    evals = [c for c in checked if c.split != "train"]
     extra = (answer_variant_flags(checked) + question_group_flags(checked)
              + near_duplicate_leakage_flags(checked, cfg.near_duplicate_threshold)
              + time_sensitive_flags(checked, cfg.time_sensitive_terms)
-             + answerability_flags(checked, corpora, cfg.non_extractive_answers))
+             + answerability_flags(checked, corpora, cfg.non_extractive_answers)
+             + (leakage_flags(proxies + evals, cfg.near_duplicate_threshold) if proxies else []))
     by_row = {(o.split, o.row): o for o in outcomes}
     for f in extra:
         by_row[(f.split, f.row)].flags.append(f)
@@ -297,7 +359,7 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     for o in outcomes:
         _decide(o, cfg, overrides, used)
     clean: dict[str, list[QAExample]] = defaultdict(list)
-    for c in checked:
+    for c in usable:
         if not by_row[(c.split, c.row)].quarantined:
             clean[c.split].append(c.example)
     _check_invariant(outcomes, rows_in, clean)
@@ -325,7 +387,9 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
                                                + "\n" for q in quarantined))
     audit = Audit(
         title=f"Gold-label audit: {config.run.name}", counts=counts, split_counts=split_counts,
-        check_rows=check_counts, quarantine_checks=tuple(cfg.quarantine_checks),
+        check_rows=check_counts,
+        quarantine_checks=(*cfg.quarantine_checks,
+                           *sorted(UNWAIVABLE - set(cfg.quarantine_checks))),
         max_quarantine_fraction=cfg.max_quarantine_fraction, suites=suites, outcomes=outcomes,
         unused_overrides=[o for k, o in enumerate(overrides) if k not in used],
         notes=[f"Overrides file: {cfg.overrides_path}" if cfg.overrides_path else

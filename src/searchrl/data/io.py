@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +30,50 @@ class DataError(ValueError):
 
 # --- raw rows
 
+# How much of an unreadable line a quarantine record keeps: enough to recognise it.
+BAD_LINE_KEEP_CHARS = 200
 
-def _iter_raw_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (1-based row number, raw dict). Row number is the line for JSONL."""
+
+@dataclass(frozen=True)
+class BadRow:
+    """A JSONL line that is not a JSON object (truncated, not UTF-8, a bare value).
+
+    Only QA validation receives these (`read_raw_qa_rows_lenient`), to quarantine them; every
+    other reader raises `message` as a DataError.
+    """
+
+    source: str
+    line: int
+    error: str
+    text: str  # the line as read (cut to BAD_LINE_KEEP_CHARS), for the steward
+
+    @property
+    def message(self) -> str:
+        return f"{self.source}:{self.line}: {self.error}"
+
+
+def _parse_jsonl_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any] | BadRow:
+    try:
+        # Without its newline a line cut short reads "Unterminated string", not "Invalid
+        # control character" (the newline inside the open string).
+        row = json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        error = (f"not valid UTF-8 at byte {exc.start}" if isinstance(exc, UnicodeDecodeError)
+                 else f"not valid JSON: {exc.msg} (column {exc.colno})")
+        return BadRow(str(path), lineno, error, _shown(raw))
+    if not isinstance(row, dict):
+        return BadRow(str(path), lineno, "expected a JSON object", _shown(raw))
+    return row
+
+
+def _shown(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r\n")[:BAD_LINE_KEEP_CHARS]
+
+
+def _iter_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]] | BadRow]:
+    """Yield (1-based row number, raw dict), or a BadRow for a JSONL line that is not a JSON
+    object. Row number is the line for JSONL. A file that cannot be read at all (missing,
+    unknown format, unreadable parquet or JSON) raises a one-line DataError naming it."""
     text_source = str(source)
     if text_source.startswith("hf://"):
         yield from _iter_hub_rows(text_source)
@@ -53,17 +95,14 @@ def _iter_raw_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         return
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as fh:
+        # Bytes, decoded per line: one line that is not UTF-8 is that line's problem, not a
+        # decoding error for the whole file.
+        with path.open("rb") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object")
-                yield lineno, row
+                parsed = _parse_jsonl_line(path, lineno, line)
+                yield parsed if isinstance(parsed, BadRow) else (lineno, parsed)
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -80,11 +119,26 @@ def _iter_raw_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a bad file
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise DataError(f"{path}: not a readable parquet file: {type(exc).__name__}: "
+                            f"{first}") from exc
+        for i, row in enumerate(table.to_pylist(), start=1):
             yield i, row
     else:
         raise DataError(f"{path}: unsupported format {suffix!r}; use .jsonl, .json, .parquet "
                         "or a datasets directory")
+
+
+def _iter_raw_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based row number, raw dict); a line that is not a JSON object raises
+    DataError naming file and line (corpora, training inputs: no row may go missing)."""
+    for item in _iter_rows(source):
+        if isinstance(item, BadRow):
+            raise DataError(item.message)
+        yield item
 
 
 def _iter_hub_rows(spec: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -150,8 +204,33 @@ def read_qa(source: str | Path) -> list[QAExample]:
 
 
 def read_raw_qa_rows(source: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """Raw normalised rows with row numbers, for validation that must quarantine, not raise."""
+    """Raw normalised rows with row numbers, for validation that must quarantine, not raise.
+
+    A line that is not a JSON object raises DataError; `read_raw_qa_rows_lenient` returns it.
+    """
     return [(rowno, _normalise_qa(raw)) for rowno, raw in _iter_raw_rows(source)]
+
+
+def read_raw_qa_rows_lenient(source: str | Path
+                             ) -> tuple[list[tuple[int, dict[str, Any]]], list[BadRow]]:
+    """As `read_raw_qa_rows`, but lines that are not JSON objects come back as BadRows for
+    the caller to quarantine: one truncated line must not stop validation of the other
+    100,000. rows + bad rows = every non-blank line read.
+
+    Raises DataError (one line, naming the file) when the file is unreadable as a whole:
+    missing, unknown format, unreadable parquet / JSON, or not one line a JSON object.
+    """
+    rows: list[tuple[int, dict[str, Any]]] = []
+    bad: list[BadRow] = []
+    for item in _iter_rows(source):
+        if isinstance(item, BadRow):
+            bad.append(item)
+        else:
+            rows.append((item[0], _normalise_qa(item[1])))
+    if bad and not rows:
+        raise DataError(f"{source}: not JSONL: none of its {len(bad)} lines is a JSON object "
+                        f"(line {bad[0].line}: {bad[0].error})")
+    return rows, bad
 
 
 def read_passages(source: str | Path) -> list[Passage]:

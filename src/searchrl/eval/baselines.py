@@ -10,6 +10,9 @@ All systems run the same rollout loop on the same eval questions and retriever:
     base_agentic   the base model before any training (tiny default: a fresh random init
                    with the same tokenizer; pretrained: `model.name_or_path`), agentic loop
     champion       the policy the model registry's champion alias points at, agentic loop
+    frontier       the frontier model behind an OpenAI-compatible endpoint (`eval.frontier`),
+                   agentic loop; evaluated first, so a dead endpoint fails before hours of
+                   local evaluation
 
 The no_search / retrieve_once baselines use the SFT policy so they are the same model size
 and have seen the tag format, but never learned *when* to search.
@@ -29,6 +32,8 @@ from searchrl.models.tiny import build_tiny_model
 
 Mode = Literal["agentic", "no_search", "retrieve_once"]
 TRAINED = "trained"
+FRONTIER = "frontier"
+_FRONTIER_PREFIX = "frontier:"
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class SystemSpec:
     """One evaluated system: a policy source and the rollout mode it runs in.
 
     `policy` is a save_pretrained directory, or `random-init:<tokenizer dir>` for the tiny
-    untrained base, or a model name for a pretrained base.
+    untrained base, or a model name for a pretrained base, or `frontier:<tokenizer>` for the
+    endpoint in `eval.frontier` (the tokenizer is the rollout's text codec).
     """
 
     name: str
@@ -52,6 +58,11 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
     requested baseline that cannot run (no SFT start, no champion registered)."""
     specs: list[SystemSpec] = []
     notes: list[str] = []
+    frontier = config.eval.frontier
+    if frontier is not None:
+        specs.append(SystemSpec(
+            FRONTIER, f"{_FRONTIER_PREFIX}{frontier.tokenizer or policy_dir}", "agentic",
+            f"{frontier.model} at {frontier.base_url} (/completions), agentic loop"))
     for name in baselines:
         if name in ("sft", "no_search", "retrieve_once"):
             if sft_dir is None:
@@ -86,7 +97,14 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
 
 def system_policy(spec: SystemSpec, config: PipelineConfig) -> dict[str, Any]:
     """What `make_generator` needs for one system: its saved policy directory, or (the
-    random-init baseline, which has none) a freshly built model with its tokenizer."""
+    random-init baseline, which has none) a freshly built model with its tokenizer, or (the
+    frontier) the endpoint's settings with the tokenizer the rollout encodes its text with."""
+    if spec.policy.startswith(_FRONTIER_PREFIX):
+        if config.eval.frontier is None:
+            raise ValueError(f"system {spec.name!r} needs eval.frontier (an endpoint) set")
+        return {"frontier": config.eval.frontier,
+                "tokenizer": AutoTokenizer.from_pretrained(
+                    spec.policy.removeprefix(_FRONTIER_PREFIX))}
     if spec.policy.startswith("random-init:"):
         tok_dir = Path(spec.policy.removeprefix("random-init:"))
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(tok_dir))

@@ -1,5 +1,6 @@
 """Pure evaluation arithmetic: per-question results -> means with bootstrap intervals,
-breakdowns by hop count / question type / searched-or-not, and paired deltas between systems.
+breakdowns by hop count / question type / searched-or-not / retrieval confidence, and paired
+deltas between systems.
 
 Nothing here runs a model. An empty group gives NaN means and a zero count (never an
 exception), so a downstream gate that checks `math.isfinite` fails closed on it.
@@ -23,7 +24,9 @@ class QuestionResult:
     reward's format check; `prompt_tokens + response_tokens` is what one query costs to serve;
     `latency_s` is the question's share of its batch's wall time; `retrieved_support` is
     whether any supporting passage was among the retrieved ids (None when the question has no
-    supporting ids); `confidence` is the geometric-mean probability of the final generated turn.
+    supporting ids); `confidence` is the geometric-mean probability of the final generated turn;
+    `top_score` is the retriever's score of the best hit of the first retrieval (None when
+    nothing was retrieved).
     """
 
     example_id: str
@@ -42,6 +45,7 @@ class QuestionResult:
     retrieved_support: bool | None = None
     confidence: float | None = None
     search_errors: int = 0
+    top_score: float | None = None
 
     @property
     def searched(self) -> bool:
@@ -181,6 +185,35 @@ def by_searched(r: QuestionResult) -> str:
     """Exposes a retriever blind spot the policy learned to route around: if accuracy without
     searching is high on some slice, the policy answers those from memory or guesses."""
     return "searched" if r.searched else "answered_without_search"
+
+
+NO_SEARCH, NO_HITS = "no_search", "no_hits"
+CONFIDENCE_BUCKETS = (NO_SEARCH, NO_HITS, "q1_low", "q2_mid", "q3_high")
+
+
+def tercile_cuts(scores: Sequence[float]) -> tuple[float, float] | None:
+    """The 1/3 and 2/3 quantiles of `scores` (None when empty): retriever scores have no common
+    scale (BM25 is unbounded, RRF tiny), so confidence is relative to this eval set."""
+    finite = [s for s in scores if math.isfinite(s)]
+    if not finite:
+        return None
+    lo, hi = np.quantile(np.asarray(finite, dtype=np.float64), [1 / 3, 2 / 3])
+    return float(lo), float(hi)
+
+
+def by_confidence(cuts: tuple[float, float] | None) -> Callable[[QuestionResult], str]:
+    """Group key: the tercile of the question's first-retrieval top-1 score under `cuts`
+    (q1_low <= lo < q2_mid <= hi < q3_high), `no_search` when the policy did not search,
+    `no_hits` when its first search returned nothing (an error or an empty result)."""
+    def key(r: QuestionResult) -> str:
+        if not r.searched:
+            return NO_SEARCH
+        if r.top_score is None or cuts is None or not math.isfinite(r.top_score):
+            return NO_HITS
+        if r.top_score <= cuts[0]:
+            return "q1_low"
+        return "q2_mid" if r.top_score <= cuts[1] else "q3_high"
+    return key
 
 
 def align(a: Sequence[QuestionResult], b: Sequence[QuestionResult]

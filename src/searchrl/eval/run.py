@@ -6,13 +6,24 @@ evaluation is complete):
 
     questions_<system>.jsonl     one QuestionResult per question (with a manifest)
     trajectories_<system>.jsonl  the decoded trajectory, answer, queries per question
-    suspect_labels.jsonl         the audit's suspect gold labels (with a manifest)
-    results.json                 summaries, breakdowns, paired deltas, notes (EvalResult)
+    suspect_labels.jsonl         the audit's suspects, one tiered row per question, ranked
+                                 (with a manifest; a steward fills `decision`, then runs
+                                 `python -m searchrl apply-audit --decisions FILE`)
+    suspect_labels_train.jsonl   the same audit of the SFT policy's greedy rollouts on
+                                 `eval.audit_train_questions` sampled train questions
+    sets/<name>/                 the same files for each extra eval set (its own corpus)
+    results.json                 summaries, breakdowns (by retrieval confidence too, with
+                                 its cut points), paired deltas, notes, audit tier counts
+                                 (EvalResult), and each extra set's summaries (written after
+                                 every set)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, read_qa, write_jsonl
-from searchrl.eval.audit import final_turn_confidence, find_suspects, retrieved_ids
+from searchrl.data.io import atomic_write_text, manifest_path, read_qa, write_jsonl
+from searchrl.eval.audit import (
+    audit_rollouts,
+    final_turn_confidence,
+    find_suspects,
+    pool_suspects,
+    retrieved_ids,
+    tier_counts,
+)
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems, system_policy
 from searchrl.eval.metrics import (
     Interval,
@@ -29,19 +47,27 @@ from searchrl.eval.metrics import (
     Summary,
     align,
     breakdown,
+    by_confidence,
     by_hops,
     by_searched,
     by_type,
     paired_bootstrap_delta,
     summarize,
+    tercile_cuts,
 )
 from searchrl.generation.factory import make_generator
+from searchrl.generation.openai_compat import (
+    MeteredEndpoint,
+    RequestBudgetExceeded,
+    TokenUsage,
+)
+from searchrl.paths import safe_filename
 from searchrl.retrieval.base import Searcher
-from searchrl.retrieval.index_store import load_searcher
+from searchrl.retrieval.index_store import load_corpus_searcher, load_searcher, resolve_corpus
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rewards import exact_match, f1
 from searchrl.rl.rollout import run_rollouts
-from searchrl.types import QAExample
+from searchrl.types import CheckpointRef, QAExample
 
 RESULTS_FILE = "results.json"
 
@@ -71,6 +97,8 @@ def to_question_result(rec: RolloutRecord, ex: QAExample, latency_s: float) -> Q
         answered=bool(answer and answer.strip()), finish_reason=rec.finish_reason,
         answer=answer, retrieved_support=support, confidence=final_turn_confidence(rec),
         search_errors=rec.search_errors,
+        top_score=(rec.retrieval_scores[0][0]
+                   if rec.retrieval_scores and rec.retrieval_scores[0] else None),
     )
 
 
@@ -84,6 +112,31 @@ class SystemResult:
     questions_path: str
     trajectories_path: str
     seconds: float
+    # Tercile of the first search's top-1 retriever score (cuts in EvalResult.confidence_cuts).
+    by_confidence: dict[str, Summary] = field(default_factory=dict)
+    # Why the system did not answer every question (its request budget ran out); None: did.
+    incomplete: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditSummary:
+    """One audit's suspect file and how many rows each tier holds, over `n_questions`
+    questions of `split` rolled out by `systems`."""
+
+    path: str
+    split: str
+    n_questions: int
+    systems: tuple[str, ...]
+    tiers: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "split": self.split, "n_questions": self.n_questions,
+                "systems": list(self.systems), "tiers": dict(self.tiers)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AuditSummary:
+        return cls(path=d["path"], split=d["split"], n_questions=int(d["n_questions"]),
+                   systems=tuple(d["systems"]), tiers={k: int(v) for k, v in d["tiers"].items()})
 
 
 def _interval_from(d: Mapping[str, Any]) -> Interval:
@@ -98,9 +151,35 @@ def summary_from_dict(d: Mapping[str, Any]) -> Summary:
 
 
 @dataclass(frozen=True)
+class SetResult:
+    """Every system on one extra eval set, searched in that set's own corpus; the full
+    per-set EvalResult (breakdowns, audit) is in `results_path`."""
+
+    name: str
+    n_questions: int
+    systems: dict[str, Summary]
+    deltas: dict[str, Interval]
+    results_path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "n_questions": self.n_questions,
+                "systems": {n: s.to_dict() for n, s in self.systems.items()},
+                "deltas": {k: v.to_dict() for k, v in self.deltas.items()},
+                "results_path": self.results_path}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SetResult:
+        return cls(name=d["name"], n_questions=int(d["n_questions"]),
+                   systems={n: summary_from_dict(s) for n, s in d["systems"].items()},
+                   deltas={k: _interval_from(v) for k, v in d["deltas"].items()},
+                   results_path=d["results_path"])
+
+
+@dataclass(frozen=True)
 class EvalResult:
     """What the gate and the report read: per-system summaries and paired EM deltas of the
-    trained policy against each baseline (on the questions both answered)."""
+    trained policy against each baseline (on the questions both answered), on the main eval
+    split; `extra_sets` holds the same systems on each extra eval set (name -> SetResult)."""
 
     eval_set: str
     n_questions: int
@@ -110,6 +189,13 @@ class EvalResult:
     n_suspects: int
     notes: tuple[str, ...] = ()
     level: float = 0.95
+    extra_sets: dict[str, SetResult] = field(default_factory=dict)
+    # The audit of the eval questions (per tier) and of sampled train questions (None: off).
+    audit: AuditSummary | None = None
+    train_audit: AuditSummary | None = None
+    confidence_cuts: tuple[float, float] | None = None
+    # Which checkpoint of the training run `trained` is (`policy_selection`), for the report.
+    policy_selection: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,12 +206,20 @@ class EvalResult:
                             "by_hops": {k: v.to_dict() for k, v in s.by_hops.items()},
                             "by_type": {k: v.to_dict() for k, v in s.by_type.items()},
                             "by_searched": {k: v.to_dict() for k, v in s.by_searched.items()},
+                            "by_confidence": {k: v.to_dict()
+                                              for k, v in s.by_confidence.items()},
                             "questions_path": s.questions_path,
-                            "trajectories_path": s.trajectories_path, "seconds": s.seconds}
+                            "trajectories_path": s.trajectories_path, "seconds": s.seconds,
+                            "incomplete": s.incomplete}
                         for n, s in self.systems.items()},
             "deltas": {k: v.to_dict() for k, v in self.deltas.items()},
             "suspects_path": self.suspects_path, "n_suspects": self.n_suspects,
             "notes": list(self.notes),
+            "extra_sets": {k: v.to_dict() for k, v in self.extra_sets.items()},
+            "audit": self.audit.to_dict() if self.audit else None,
+            "train_audit": self.train_audit.to_dict() if self.train_audit else None,
+            "confidence_cuts": list(self.confidence_cuts) if self.confidence_cuts else None,
+            "policy_selection": dict(self.policy_selection),
         }
 
     @classmethod
@@ -138,12 +232,29 @@ class EvalResult:
                 by_hops={k: summary_from_dict(v) for k, v in s["by_hops"].items()},
                 by_type={k: summary_from_dict(v) for k, v in s["by_type"].items()},
                 by_searched={k: summary_from_dict(v) for k, v in s["by_searched"].items()},
+                by_confidence={k: summary_from_dict(v)
+                               for k, v in s.get("by_confidence", {}).items()},
                 questions_path=s["questions_path"], trajectories_path=s["trajectories_path"],
-                seconds=float(s["seconds"]))
+                seconds=float(s["seconds"]), incomplete=s.get("incomplete"))
         return cls(eval_set=d["eval_set"], n_questions=int(d["n_questions"]), systems=systems,
                    deltas={k: _interval_from(v) for k, v in d["deltas"].items()},
                    suspects_path=d["suspects_path"], n_suspects=int(d["n_suspects"]),
-                   notes=tuple(d.get("notes", ())), level=float(d.get("level", 0.95)))
+                   notes=tuple(d.get("notes", ())), level=float(d.get("level", 0.95)),
+                   extra_sets={k: SetResult.from_dict(v)
+                               for k, v in d.get("extra_sets", {}).items()},
+                   audit=AuditSummary.from_dict(d["audit"]) if d.get("audit") else None,
+                   train_audit=(AuditSummary.from_dict(d["train_audit"])
+                                if d.get("train_audit") else None),
+                   confidence_cuts=((float(d["confidence_cuts"][0]),
+                                     float(d["confidence_cuts"][1]))
+                                    if d.get("confidence_cuts") else None),
+                   policy_selection=dict(d.get("policy_selection") or {}))
+
+    def set_result(self, name: str, results_path: str) -> SetResult:
+        """This (one extra set's) evaluation reduced to what the main results.json keeps."""
+        return SetResult(name=name, n_questions=self.n_questions,
+                         systems={n: s.summary for n, s in self.systems.items()},
+                         deltas=dict(self.deltas), results_path=results_path)
 
 
 def load_eval_result(path: str | Path) -> EvalResult:
@@ -163,28 +274,62 @@ class _SystemRun:
     results: list[QuestionResult] = field(default_factory=list)
     records: list[RolloutRecord] = field(default_factory=list)
     seconds: float = 0.0
+    metered: bool = False  # tokens from a remote endpoint's usage; no token log-probs
+    incomplete: str | None = None
 
 
 def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searcher,
                 config: PipelineConfig,
                 progress: Callable[[str, int, int], None] | None) -> _SystemRun:
+    """Roll out `spec` greedily on `examples` in batches of `eval.batch_size`.
+
+    A metered system (an endpoint) counts its tokens from the endpoint's usage; when its
+    request budget runs out, the batch in flight is dropped and the run is returned marked
+    incomplete (the questions answered before it are kept). Other endpoint errors raise:
+    an outage must not be cached as a result.
+    """
     generator = make_generator(config, **system_policy(spec, config))
-    out = _SystemRun()
+    meter = generator if isinstance(generator, MeteredEndpoint) else None
+    out = _SystemRun(metered=meter is not None)
     step = config.eval.batch_size
-    for start in range(0, len(examples), step):
-        chunk = examples[start:start + step]
-        t0 = time.perf_counter()
-        batch = run_rollouts(chunk, generator, searcher, config.rollout, config.reward,
-                             group_size=1, greedy=True, seed=config.run.seed, mode=spec.mode)
-        per_question = (time.perf_counter() - t0) / len(chunk)
-        out.seconds += per_question * len(chunk)
-        by_id = {ex.id: ex for ex in chunk}
-        for rec in batch.records:
-            out.records.append(rec)
-            out.results.append(to_question_result(rec, by_id[rec.example_id], per_question))
-        if progress is not None:
-            progress(spec.name, min(start + step, len(examples)), len(examples))
+    try:
+        for start in range(0, len(examples), step):
+            chunk = examples[start:start + step]
+            t0 = time.perf_counter()
+            batch = run_rollouts(chunk, generator, searcher, config.rollout, config.reward,
+                                 group_size=1, greedy=True, seed=config.run.seed,
+                                 mode=spec.mode)
+            per_question = (time.perf_counter() - t0) / len(chunk)
+            usage = _usage_by_record(meter.take_usage(), len(batch.records)) if meter else {}
+            out.seconds += per_question * len(chunk)
+            by_id = {ex.id: ex for ex in chunk}
+            for i, rec in enumerate(batch.records):
+                result = to_question_result(rec, by_id[rec.example_id], per_question)
+                if meter is not None:
+                    used = usage.get(i, TokenUsage())
+                    result = dataclasses.replace(
+                        result, prompt_tokens=used.prompt_tokens,
+                        response_tokens=used.completion_tokens, confidence=None)
+                out.records.append(rec)
+                out.results.append(result)
+            if progress is not None:
+                progress(spec.name, min(start + step, len(examples)), len(examples))
+    except RequestBudgetExceeded as exc:
+        out.incomplete = f"{exc}; {len(out.results)} of {len(examples)} questions answered"
+    finally:
+        if meter is not None:
+            meter.close()
     return out
+
+
+def _usage_by_record(usage: Mapping[str, TokenUsage], n: int) -> dict[int, TokenUsage]:
+    """Endpoint usage per record index: `run_rollouts` names row i of a call `str(i)` (one
+    sample per question here, records in row order)."""
+    unknown = sorted(set(usage) - {str(i) for i in range(n)})
+    if unknown:
+        raise RuntimeError(f"endpoint usage for rows {unknown[:5]} that no record has: the "
+                           "rollout's row keys changed; update _usage_by_record")
+    return {int(k): v for k, v in usage.items()}
 
 
 def _trajectory_row(rec: RolloutRecord) -> dict[str, Any]:
@@ -197,13 +342,35 @@ def _trajectory_row(rec: RolloutRecord) -> dict[str, Any]:
 def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searcher: Searcher,
              config: PipelineConfig, out_dir: Path, *, eval_set: str,
              notes: Sequence[str] = (),
-             progress: Callable[[str, int, int], None] | None = None) -> EvalResult:
-    """Run every system greedily on `examples`; write the files in the module docstring.
+             progress: Callable[[str, int, int], None] | None = None,
+             audit_split: str | None = None) -> EvalResult:
+    """Run every system greedily on `examples`; write the files in the module docstring
+    (results.json last).
 
     `systems` must include `trained` (the deltas are trained minus each baseline). Suspects
-    are pooled over every agentic system, one row per question, naming the systems that
-    flagged it (a label several policies disagree with is the stronger suspect).
+    are pooled over every agentic system, one tiered row per question, naming the systems
+    that flagged it (a label several policies disagree with is the stronger suspect).
+    `audit_split` is the validated split the questions came from, as steward overrides name it
+    (default: `eval_set` up to its first ':').
     """
+    result = _evaluate_systems(examples, systems, searcher, config, out_dir, eval_set=eval_set,
+                               notes=notes, progress=progress, audit_split=audit_split)
+    write_results(result, out_dir)
+    return result
+
+
+def write_results(result: EvalResult, out_dir: Path) -> Path:
+    path = out_dir / RESULTS_FILE
+    atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
+    return path
+
+
+def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpec],
+                      searcher: Searcher, config: PipelineConfig, out_dir: Path, *,
+                      eval_set: str, notes: Sequence[str],
+                      progress: Callable[[str, int, int], None] | None,
+                      audit_split: str | None = None) -> EvalResult:
+    """`evaluate` without results.json (the caller writes it once everything is in)."""
     if not examples:
         raise ValueError(f"eval set {eval_set!r} is empty: nothing to evaluate")
     if TRAINED not in {s.name for s in systems}:
@@ -215,9 +382,13 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
     by_id = {ex.id: ex for ex in examples}
     runs: dict[str, SystemResult] = {}
     per_question: dict[str, list[QuestionResult]] = {}
-    pooled: dict[str, dict[str, Any]] = {}
+    flagged: list[dict[str, Any]] = []
+    audited: list[str] = []  # agentic systems with token log-probs (the audit's confidence)
+    incomplete: list[str] = []
     for spec in systems:
         run = _run_system(spec, examples, searcher, config, progress)
+        if run.incomplete is not None:
+            incomplete.append(f"{spec.name} is INCOMPLETE: {run.incomplete}")
         qpath = out_dir / f"questions_{spec.name}.jsonl"
         tpath = out_dir / f"trajectories_{spec.name}.jsonl"
         write_jsonl(qpath, [r.to_dict() for r in run.results])
@@ -229,15 +400,20 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
             by_type=breakdown(run.results, by_type, samples=samples, level=level, seed=seed),
             by_searched=breakdown(run.results, by_searched, samples=samples, level=level,
                                   seed=seed),
-            questions_path=str(qpath), trajectories_path=str(tpath), seconds=run.seconds)
-        if spec.mode == "agentic":
-            for s in find_suspects(run.records, by_id, min_confidence=cfg.audit_min_confidence,
-                                   system=spec.name):
-                row = pooled.setdefault(s["example_id"], {**s, "flagged_by": []})
-                row["flagged_by"].append(spec.name)
-                row["confidence"] = max(row["confidence"], s["confidence"])
-                row["answer_in_support"] = row["answer_in_support"] or s["answer_in_support"]
+            questions_path=str(qpath), trajectories_path=str(tpath), seconds=run.seconds,
+            incomplete=run.incomplete)
+        if spec.mode == "agentic" and not run.metered:
+            audited.append(spec.name)
+            flagged += find_suspects(run.records, by_id, system=spec.name,
+                                     min_confidence=cfg.audit_min_confidence,
+                                     near_miss_ratio=cfg.audit_near_miss_ratio)
+    # One set of cut points for every system: the trained policy's terciles, so a bucket is
+    # the same score range whichever system landed in it.
     trained = per_question[TRAINED]
+    cuts = tercile_cuts([r.top_score for r in trained if r.searched and r.top_score is not None])
+    for name, results in per_question.items():
+        runs[name] = dataclasses.replace(runs[name], by_confidence=breakdown(
+            results, by_confidence(cuts), samples=samples, level=level, seed=seed))
     deltas = {}
     for name, results in per_question.items():
         if name == TRAINED:
@@ -245,30 +421,74 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
         a, b = align(trained, results)
         deltas[name] = paired_bootstrap_delta([r.em for r in a], [r.em for r in b],
                                               samples=samples, level=level, seed=seed)
-    suspects = sorted(pooled.values(), key=lambda s: (-len(s["flagged_by"]),
-                                                       not s["answer_in_support"],
-                                                       -s["confidence"], s["example_id"]))
+    agentic = tuple(audited)
+    split = audit_split if audit_split is not None else eval_set.split(":", 1)[0]
+    suspects = pool_suspects(flagged, dict.fromkeys(by_id, len(agentic)), split=split)
     spath = out_dir / "suspect_labels.jsonl"
     write_jsonl(spath, suspects)
-    result = EvalResult(eval_set=eval_set, n_questions=len(examples), systems=runs,
-                        deltas=deltas, suspects_path=str(spath), n_suspects=len(suspects),
-                        notes=tuple(notes), level=cfg.confidence_level)
-    atomic_write_text(out_dir / RESULTS_FILE, json.dumps(result.to_dict(), indent=2))
-    return result
+    audit = AuditSummary(path=str(spath), split=split, n_questions=len(examples),
+                         systems=agentic, tiers=tier_counts(suspects))
+    return EvalResult(eval_set=eval_set, n_questions=len(examples), systems=runs,
+                      deltas=deltas, suspects_path=str(spath), n_suspects=len(suspects),
+                      notes=(*notes, *incomplete), level=cfg.confidence_level, audit=audit,
+                      confidence_cuts=cuts)
 
 
 # --- the stage entry
 
 
+SETS_DIR = "sets"
+TRAIN_SUSPECTS_FILE = "suspect_labels_train.jsonl"
+
+
+def audit_train_split(config: PipelineConfig, train_path: str | Path | None, policy_dir: str,
+                      searcher: Searcher, out_dir: Path, *, system: str = "sft",
+                      progress: Callable[[str, int, int], None] | None = None
+                      ) -> AuditSummary | None:
+    """The label-noise audit of the train split's gold labels: `eval.audit_train_questions`
+    questions sampled with `run.seed`, rolled out greedily by `policy_dir` (the SFT start: it
+    has not been rewarded towards the train golds), pooled and tiered like the eval audit.
+    None (and no file) when the cap is 0 or there is no train split."""
+    path = out_dir / TRAIN_SUSPECTS_FILE
+    path.unlink(missing_ok=True)
+    manifest_path(path).unlink(missing_ok=True)
+    n = config.eval.audit_train_questions
+    if n == 0 or train_path is None or not Path(train_path).is_file():
+        return None
+    rows = read_qa(train_path)
+    sample = random.Random(config.run.seed).sample(rows, min(n, len(rows)))
+    if not sample:
+        return None
+    spec = SystemSpec(system, policy_dir, "agentic", "label-noise audit of the train split")
+    run = _run_system(spec, sample, searcher, config, progress)
+    suspects = audit_rollouts(run.records, {ex.id: ex for ex in sample}, split="train",
+                              min_confidence=config.eval.audit_min_confidence,
+                              near_miss_ratio=config.eval.audit_near_miss_ratio, system=system)
+    write_jsonl(path, suspects)
+    return AuditSummary(path=str(path), split="train", n_questions=len(sample),
+                        systems=(system,), tiers=tier_counts(suspects))
+
+
 def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: str | Path,
                    policy_dir: str, sft_dir: str | None, out_dir: Path,
                    tracking_uri: str | None = None,
-                   progress: Callable[[str, int, int], None] | None = None) -> EvalResult:
-    """Evaluate the trained policy and the configured baselines on `eval_path`.
+                   extra_sets: Mapping[str, str | Path] | None = None,
+                   progress: Callable[[str, int, int], None] | None = None,
+                   train_path: str | Path | None = None,
+                   selection: Mapping[str, Any] | None = None) -> EvalResult:
+    """Evaluate the trained policy and the configured baselines on `eval_path` (searched in
+    the main corpus), then on each extra eval set (name -> QA file, searched in the corpus
+    indexed under `<index_dir>/<name>`, at most `eval.max_questions_per_set` questions),
+    then audit sampled questions of the validated train split (`train_path`; default: the
+    `train.jsonl` validation wrote beside `eval_path`) with the SFT policy. `selection`
+    (`policy_selection`) says which checkpoint of the run `policy_dir` is.
 
     The champion baseline is looked up in the model registry of `tracking_uri` (skipped with
     a note when there is none, or no tracking store).
     """
+    (out_dir / RESULTS_FILE).unlink(missing_ok=True)
+    # A set dropped from the config must not linger among this evaluation's artifacts.
+    shutil.rmtree(out_dir / SETS_DIR, ignore_errors=True)
     examples = read_qa(eval_path)
     if config.eval.max_questions is not None:
         examples = examples[: config.eval.max_questions]
@@ -284,7 +504,43 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
     systems, notes = plan_systems(config.eval.baselines, policy_dir=policy_dir,
                                   sft_dir=sft_dir, champion_dir=champion_dir, config=config)
     searcher = load_searcher(Path(index_dir), config.index)
-    return evaluate(examples, systems, searcher, config, out_dir,
-                    eval_set=f"{config.eval.split}:{Path(eval_path).name}", notes=notes,
-                    progress=progress)
+    main = _evaluate_systems(examples, systems, searcher, config, out_dir,
+                             eval_set=f"{config.eval.split}:{Path(eval_path).name}",
+                             notes=notes, progress=progress)
+    sets: dict[str, SetResult] = {}
+    more: list[str] = []
+    if extra_sets and config.index.mode == "service":
+        more.append("extra eval sets are searched in-process over their own indexes (the "
+                    "retrieval service serves the main corpus only)")
+    for name, qa_path in extra_sets.items() if extra_sets else ():
+        set_examples = read_qa(qa_path)
+        if config.eval.max_questions_per_set is not None:
+            set_examples = set_examples[: config.eval.max_questions_per_set]
+        # Its own corpus: a question about another corpus's facts must not find them.
+        set_searcher = load_corpus_searcher(resolve_corpus(Path(index_dir), name), config.index)
+        set_dir = out_dir / SETS_DIR / safe_filename(name)
+        # The split name validation (and so a steward override) gives an extra eval set.
+        one = evaluate(set_examples, systems, set_searcher, config, set_dir,
+                       eval_set=f"{name}:{Path(qa_path).name}", progress=progress,
+                       audit_split=f"extra_eval:{name}")
+        sets[name] = one.set_result(name, str(set_dir / RESULTS_FILE))
+    if train_path is None:
+        train_path = Path(eval_path).with_name("train.jsonl")
+    train_audit = audit_train_split(config, train_path, sft_dir or policy_dir, searcher,
+                                    out_dir, system="sft" if sft_dir else TRAINED,
+                                    progress=progress)
+    result = dataclasses.replace(main, extra_sets=sets, notes=(*main.notes, *more),
+                                 train_audit=train_audit,
+                                 policy_selection=dict(selection or {}))
+    write_results(result, out_dir)
+    return result
 
+
+def policy_selection(checkpoint: CheckpointRef) -> dict[str, Any]:
+    """Which checkpoint of the training run the evaluated (and, on GO, registered) policy is:
+    the best dev evaluation or the last step, with both steps and their dev metric."""
+    return {"selection": checkpoint.selection, "metric": checkpoint.select_metric,
+            "selected_step": checkpoint.selected_step,
+            "selected_value": checkpoint.selected_value, "last_step": checkpoint.last_step,
+            "last_value": checkpoint.last_value, "policy_dir": checkpoint.policy_dir,
+            "last_policy_dir": checkpoint.last_policy_dir}

@@ -2,6 +2,11 @@
 
 Model (all money in the configured currency, tokens are prompt + generated per query):
 
+    device_hours     = sum over stages (curriculum incl. cold start, training, evaluation)
+                       of wall_seconds * devices / 3600, training scaled by the projection
+    projection       = full_run_tokens / prototype_tokens   (when full_run_tokens is set)
+                     | full_run_steps / prototype_steps     (when full_run_steps is set)
+    training_gpu_hours = device_hours (or the configured number)
     training_cost    = training_gpu_hours * gpu_price_per_hour
     small_monthly    = queries_per_month * small_tokens_per_query / 1000 * small_price_per_1k
     frontier_monthly = queries_per_month * frontier_tokens_per_query / 1000 * frontier_price_per_1k
@@ -11,7 +16,9 @@ Model (all money in the configured currency, tokens are prompt + generated per q
 Gate: GO only if every condition holds:
 
     data      gold_pairs >= min_gold_pairs
-    accuracy  accuracy_delta >= min_accuracy_margin and the delta's interval lies above zero
+    accuracy  accuracy_delta >= min_accuracy_margin and the delta's interval lies above zero,
+              measured against the frontier system itself (a stand-in passes only when
+              allowed, and a comparator that was not fully measured never does)
     payback   payback_months <= max_payback_months
 
 Fail closed: a missing (None) or non-finite input, or a negative count/price, fails the
@@ -21,8 +28,9 @@ condition that needs it with a reason naming the input; `decide` never raises on
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,73 @@ def payback_curve(result: PaybackResult, months: int) -> list[tuple[int, float]]
     return [(m, -result.training_cost + m * result.monthly_saving) for m in range(months + 1)]
 
 
+# --- measured cost: wall time x devices per stage, and the projection to a full run
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage's compute: its wall time and the devices (ranks) it held. `seconds` None
+    means not recorded; a rank on CPU counts as one device."""
+
+    stage: str
+    seconds: float | None
+    devices: int
+
+    @property
+    def device_hours(self) -> float:
+        """seconds * devices / 3600; NaN when not recorded or invalid (fails closed)."""
+        s, d = self.seconds, self.devices
+        if s is None or not _finite(s) or s < 0 or not _finite(d) or d < 1:
+            return math.nan
+        return s * d / 3600.0
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The prototype's training device-hours scaled to the configured full run by `basis`
+    ("tokens" or "steps"): ratio = full / done, NaN when `done` is missing or not positive."""
+
+    basis: str
+    done: float | None
+    full: float
+    measured_device_hours: float
+
+    @property
+    def ratio(self) -> float:
+        d = self.done
+        if d is None or not _finite(d) or d <= 0 or not _finite(self.full) or self.full <= 0:
+            return math.nan
+        return self.full / d
+
+    @property
+    def projected_device_hours(self) -> float:
+        return self.measured_device_hours * self.ratio
+
+
+def project_training(measured_device_hours: float, *, steps_done: float | None,
+                     tokens_done: float | None, full_run_steps: float | None,
+                     full_run_tokens: float | None) -> Projection | None:
+    """The projection to the full run: by tokens when `full_run_tokens` is set (it follows
+    batch and response-length changes that a step count does not), else by steps; None when
+    neither is set (the prototype's own cost stands)."""
+    if full_run_tokens is not None:
+        return Projection("tokens", tokens_done, float(full_run_tokens), measured_device_hours)
+    if full_run_steps is not None:
+        return Projection("steps", steps_done, float(full_run_steps), measured_device_hours)
+    return None
+
+
+def total_device_hours(stages: Sequence[StageCost], projection: Projection | None = None,
+                       projected_stage: str = "training") -> float:
+    """Sum of the stages' device-hours, `projected_stage` replaced by the projection's;
+    NaN when any term is (the payback condition then fails closed)."""
+    total = 0.0
+    for s in stages:
+        total += (projection.projected_device_hours
+                  if projection is not None and s.stage == projected_stage else s.device_hours)
+    return total
+
+
 # --- the gate
 
 
@@ -105,6 +180,11 @@ class GateInputs:
     accuracy_delta_hi: float | None
     comparison_baseline: str
     costs: CostInputs
+    # "frontier": the comparator is the frontier system, measured on the same eval set;
+    # "stand-in": another system in its place, which passes only with `allow_stand_in`.
+    comparator: Literal["frontier", "stand-in"] = "stand-in"
+    allow_stand_in: bool = False
+    comparator_problem: str | None = None  # why the comparator was not fully measured
 
 
 @dataclass(frozen=True)
@@ -156,6 +236,9 @@ def _check_data(inputs: GateInputs, t: GateThresholds) -> Check:
 def _check_accuracy(inputs: GateInputs, t: GateThresholds) -> Check:
     d, lo, hi = inputs.accuracy_delta, inputs.accuracy_delta_lo, inputs.accuracy_delta_hi
     base = inputs.comparison_baseline
+    if inputs.comparator_problem:
+        return Check("accuracy", False,
+                     f"comparator {base} not fully measured: {inputs.comparator_problem}")
     if not (_finite(d) and _finite(lo) and _finite(hi)):
         return Check("accuracy", False,
                      f"EM delta vs {base} is missing or not finite "
@@ -167,10 +250,19 @@ def _check_accuracy(inputs: GateInputs, t: GateThresholds) -> Check:
     if lo <= 0.0:
         problems.append("interval does not exclude zero")
     detail = f"EM delta vs {base} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    allowed = ""
+    if inputs.comparator != "frontier":
+        detail += f", measured against a stand-in ({base}), not the frontier system"
+        if not inputs.allow_stand_in:
+            problems.append("a stand-in comparator may not pass "
+                            "(gate.allow_stand_in_comparator=false; set eval.frontier to "
+                            "measure the frontier system)")
+        allowed = " (stand-in allowed by gate.allow_stand_in_comparator)"
     if problems:
         return Check("accuracy", False, f"{detail}: {'; '.join(problems)}")
     return Check("accuracy", True,
-                 f"{detail} >= margin {t.min_accuracy_margin:+.3f}, interval excludes zero")
+                 f"{detail} >= margin {t.min_accuracy_margin:+.3f}, interval excludes "
+                 f"zero{allowed}")
 
 
 def _check_payback(payback: PaybackResult | None, error: str | None,

@@ -15,8 +15,22 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from searchrl.eval.metrics import Interval, Summary
-from searchrl.gate.payback import CostInputs, GateResult, GateThresholds, payback_curve
+from searchrl.eval.audit import (
+    GOLD_LIKELY_WRONG,
+    GOLD_POSSIBLY_WRONG,
+    POLICY_ERROR,
+    TIER_RULES,
+    TIERS,
+)
+from searchrl.eval.metrics import NO_HITS, NO_SEARCH, Interval, Summary
+from searchrl.gate.payback import (
+    CostInputs,
+    GateResult,
+    GateThresholds,
+    Projection,
+    StageCost,
+    payback_curve,
+)
 from searchrl.plots import figure_png_base64
 from searchrl.tables import html_table, markdown_table
 
@@ -24,7 +38,10 @@ from searchrl.tables import html_table, markdown_table
 @dataclass(frozen=True)
 class ReportInputs:
     """Everything the report shows. `systems` is in display order and contains `trained_name`;
-    `deltas` are paired EM deltas (trained minus each baseline)."""
+    `deltas` are paired EM deltas (trained minus each baseline). `eval_columns` is eval set ->
+    system -> summary (the main split `main_split` first); `stage_costs` are the measured
+    stages, `projection` their training scaled to the full run, `cost_basis` says what the
+    payback condition charged."""
 
     title: str
     gate: GateResult
@@ -43,6 +60,23 @@ class ReportInputs:
     suspects: list[dict[str, Any]] = field(default_factory=list)
     payback_horizon_months: int = 24
     notes: tuple[str, ...] = ()
+    eval_columns: dict[str, dict[str, Summary]] = field(default_factory=dict)
+    main_split: str = "test"
+    stage_costs: tuple[StageCost, ...] = ()
+    projection: Projection | None = None
+    device_unit: str = "GPU-hours"
+    cost_basis: str = ""
+    # The decision box: what the accuracy condition compared with (the frontier system, or a
+    # stand-in named as such) and which checkpoint of the run was evaluated (best or last).
+    comparator: str = ""
+    policy_selection: str = ""
+    frontier_tokens_source: str = "assumed"
+    # Eval split by the first search's top-1 retriever score (metrics.by_confidence) with the
+    # tercile cut points; the label-noise audit of sampled train questions (0: not run).
+    by_confidence: dict[str, dict[str, Summary]] = field(default_factory=dict)
+    confidence_cuts: tuple[float, float] | None = None
+    train_suspects: list[dict[str, Any]] = field(default_factory=list)
+    train_audit_questions: int = 0
 
 
 # --- formatting
@@ -80,17 +114,75 @@ def _group_rows(groups: dict[str, dict[str, Summary]]) -> list[list[str]]:
             for system, by_group in groups.items() for group, s in by_group.items()]
 
 
+def _eval_set_table(r: ReportInputs) -> tuple[list[str], list[list[str]]]:
+    """Search-R1 Table 2's layout: systems x eval sets, EM (n), and the unweighted average
+    over the sets (n/a unless the system has a finite EM on every set)."""
+    sets = list(r.eval_columns)
+    header = ["system", *[f"{s} (main)" if s == r.main_split else s for s in sets], "average"]
+    systems = list(dict.fromkeys(n for col in r.eval_columns.values() for n in col))
+    rows = []
+    for name in systems:
+        ems = [r.eval_columns[s][name].em if name in r.eval_columns[s] else None for s in sets]
+        cells = [f"{_num(iv.mean)} (n={iv.n})" if iv is not None else "n/a" for iv in ems]
+        finite = [iv.mean for iv in ems if iv is not None and math.isfinite(iv.mean)]
+        avg = sum(finite) / len(finite) if len(finite) == len(sets) else math.nan
+        rows.append([name, *cells, _num(avg)])
+    return header, rows
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "not recorded"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
+
+
+def _stage_rows(r: ReportInputs) -> list[list[str]]:
+    price = r.costs.gpu_price_per_hour
+    price = price if price is not None and math.isfinite(price) else math.nan
+
+    def row(stage: str, wall: str, devices: str, hours: float) -> list[str]:
+        return [stage, wall, devices, _num(hours, ".4f"), _num(hours * price, ",.2f")]
+
+    rows = [row(s.stage, _duration(s.seconds), str(s.devices), s.device_hours)
+            for s in r.stage_costs]
+    p = r.projection
+    if p is not None:
+        rows.append(row(f"training, projected to the full run (x{_num(p.ratio, '.2f')} by "
+                        f"{p.basis})", "", "", p.projected_device_hours))
+    if r.stage_costs:
+        charged = r.costs.training_gpu_hours
+        rows.append(row("charged by the payback condition", "", "",
+                        charged if charged is not None else math.nan))
+    return rows
+
+
+def _projection_rows(r: ReportInputs) -> list[list[str]]:
+    p = r.projection
+    if p is None:
+        return []
+    return [[f"prototype training {p.basis}", _num(p.done, ",.0f")],
+            [f"full run {p.basis} (configured)", _num(p.full, ",.0f")],
+            ["projection ratio (full / prototype)", _num(p.ratio, ".2f")],
+            [f"training {r.device_unit}, measured", _num(p.measured_device_hours, ".4f")],
+            [f"training {r.device_unit}, projected", _num(p.projected_device_hours, ".4f")]]
+
+
 def _cost_rows(r: ReportInputs) -> list[list[str]]:
     c, p = r.costs, r.gate.payback
-    rows = [["GPU type", c.gpu_type], ["GPU price / hour", _num(c.gpu_price_per_hour, ".2f")],
-            ["training GPU-hours", _num(c.training_gpu_hours, ".4f")],
+    rows = [["GPU type", c.gpu_type],
+            ["price per device per hour", _num(c.gpu_price_per_hour, ".2f")],
+            *_projection_rows(r),
+            [f"{r.device_unit} charged", _num(c.training_gpu_hours, ".4f")],
             ["production queries / month", _num(c.production_queries_per_month, ",.0f")],
             ["trained model tokens / query (measured)", _num(c.small_tokens_per_query, ".0f")],
             ["trained model price / 1k tokens", _num(c.small_price_per_1k_tokens, ".5f")],
-            ["frontier tokens / query (assumed)", _num(c.frontier_tokens_per_query, ".0f")],
+            [f"frontier tokens / query ({r.frontier_tokens_source})",
+             _num(c.frontier_tokens_per_query, ".0f")],
             ["frontier price / 1k tokens", _num(c.frontier_price_per_1k_tokens, ".5f")]]
     if p is not None:
-        rows += [["training cost", _num(p.training_cost, ",.2f")],
+        rows += [["training cost (charged hours x price)", _num(p.training_cost, ",.2f")],
                  ["trained model cost / month", _num(p.small_monthly_cost, ",.2f")],
                  ["frontier cost / month", _num(p.frontier_monthly_cost, ",.2f")],
                  ["monthly saving", _num(p.monthly_saving, ",.2f")],
@@ -98,12 +190,74 @@ def _cost_rows(r: ReportInputs) -> list[list[str]]:
     return rows
 
 
+# Rows shown per tier: the steward works the first tier; the others are for spot checks.
+TIER_LIMITS = {GOLD_LIKELY_WRONG: 25, GOLD_POSSIBLY_WRONG: 15, POLICY_ERROR: 10}
+TIER_NAMES = {GOLD_LIKELY_WRONG: "gold likely wrong", GOLD_POSSIBLY_WRONG: "gold possibly wrong",
+              POLICY_ERROR: "policy error"}
+SUSPECT_HEADER = ["rank", "key", "question", "gold", "policy answer", "score", "confidence",
+                  "answer in passage (evidence)", "gold in passage", "flagged by"]
+
+
+def _tier(s: dict[str, Any]) -> str:
+    # Rows written before the audit had tiers carry no evidence either way.
+    return str(s.get("tier") or GOLD_POSSIBLY_WRONG)
+
+
 def _suspect_rows(suspects: Sequence[dict[str, Any]], limit: int = 25) -> list[list[str]]:
-    return [[str(s.get("example_id", "")), str(s.get("question", "")),
-             " / ".join(s.get("golden_answers", [])), str(s.get("answer", "")),
+    def cut(text: object, n: int = 240) -> str:
+        t = str(text or "")
+        return t if len(t) <= n else t[:n] + "..."
+
+    return [[str(i), str(s.get("key", s.get("example_id", ""))),
+             cut(s.get("question")), " / ".join(s.get("golden_answers", [])),
+             cut(s.get("answer")), _num(s.get("score", s.get("confidence")), ".2f"),
              _num(s.get("confidence"), ".2f"),
-             "yes" if s.get("answer_in_support") else "no",
-             ", ".join(s.get("flagged_by", []))] for s in suspects[:limit]]
+             f"{s.get('answer_doc')}: {cut(s.get('answer_snippet'))}"
+             if s.get("answer_doc") else "no" if "answer_doc" in s
+             else "yes" if s.get("answer_in_support") else "no",
+             f"{s.get('gold_doc')}: {cut(s.get('gold_snippet'))}" if s.get("gold_doc")
+             else "unknown" if s.get("gold_in_support") is None else "no",
+             ", ".join(s.get("flagged_by", []))]
+            for i, s in enumerate(suspects[:limit], start=1)]
+
+
+def _audit_sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]]]]:
+    """A count per tier, then each tier's ranked rows, for the eval set and the train sample."""
+    sets = [("eval", f"{r.main_split} (all questions)", r.suspects)]
+    if r.train_audit_questions:
+        sets.append(("train", f"train ({r.train_audit_questions} sampled questions)",
+                     r.train_suspects))
+    counts = [[label, TIER_NAMES[t], TIER_RULES[t],
+               str(sum(1 for s in rows if _tier(s) == t))]
+              for _, label, rows in sets for t in TIERS]
+    likely = sum(1 for s in r.suspects if _tier(s) == GOLD_LIKELY_WRONG)
+    out = [("audit", f"Label-noise audit: {len(r.suspects)} suspect gold labels, {likely} "
+                     "gold likely wrong (decide in suspect_labels*.jsonl, then "
+                     "`python -m searchrl apply-audit --decisions FILE`)",
+            ["set", "tier", "rule", "suspects"], counts)]
+    for name, label, rows in sets:
+        for t in TIERS:
+            in_tier = [s for s in rows if _tier(s) == t]
+            shown = min(len(in_tier), TIER_LIMITS[t])
+            out.append((f"audit-{name}-{t}",
+                        f"Audit, {label}: {TIER_NAMES[t]} ({len(in_tier)}, top {shown} by "
+                        "score = confidence x agreement)",
+                        SUSPECT_HEADER, _suspect_rows(in_tier, TIER_LIMITS[t])))
+    return out
+
+
+_BUCKET_NAMES = {NO_SEARCH: "no search", NO_HITS: "first search returned nothing",
+                 "q1_low": "low", "q2_mid": "mid", "q3_high": "high"}
+
+
+def _confidence_rows(r: ReportInputs) -> list[list[str]]:
+    lo, hi = r.confidence_cuts or (math.nan, math.nan)
+    ranges = {"q1_low": f"<= {_num(lo, '.4g')}",
+              "q2_mid": f"({_num(lo, '.4g')}, {_num(hi, '.4g')}]",
+              "q3_high": f"> {_num(hi, '.4g')}"}
+    return [[system, _BUCKET_NAMES.get(b, b), ranges.get(b, ""), str(s.n), _ci(s.em),
+             _num(s.searches_per_question, ".2f")]
+            for system, groups in r.by_confidence.items() for b, s in groups.items()]
 
 
 # --- plots
@@ -168,6 +322,19 @@ def _plot_searches(r: ReportInputs) -> Figure:
     return fig
 
 
+def _plot_em_by_confidence(r: ReportInputs) -> Figure:
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.subplots()
+    if not r.by_confidence:
+        _placeholder(ax, "no retrieval scores recorded")
+    else:
+        _grouped_bars(ax, r.by_confidence, "em")
+        ax.set_ylabel("exact match")
+        ax.set_ylim(0, 1)
+    ax.set_title("EM by retrieval confidence (first search's top-1 score)")
+    return fig
+
+
 def _plot_training(r: ReportInputs) -> Figure:
     fig = Figure(figsize=(6, 3.2))
     ax = fig.subplots()
@@ -209,6 +376,7 @@ PLOTS = {
     "searches_per_question": ("Searches per question", _plot_searches),
     "training_curve": ("Training curve", _plot_training),
     "payback_curve": ("Payback curve", _plot_payback),
+    "em_by_confidence": ("EM by retrieval confidence", _plot_em_by_confidence),
 }
 
 
@@ -224,8 +392,13 @@ def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]
     """(anchor, heading, table header, rows) shared by Markdown and HTML."""
     delta_rows = [[f"{r.trained_name} - {name}", _signed_ci(iv), str(iv.n)]
                   for name, iv in r.deltas.items()]
+    set_header, set_rows = _eval_set_table(r)
     return [
-        ("systems", "Systems on the eval set", list(SYSTEM_HEADER), _system_rows(r.systems)),
+        ("systems", f"Systems on the eval set ({r.main_split}, main)", list(SYSTEM_HEADER),
+         _system_rows(r.systems)),
+        ("eval-sets", f"EM by eval set (the accuracy condition uses the main split, "
+                      f"{r.main_split}; each set is searched in its own corpus)",
+         set_header, set_rows),
         ("deltas", f"Paired EM deltas ({r.trained_name} minus baseline)",
          ["comparison", "EM delta [95% CI]", "paired n"], delta_rows),
         ("hops", "By hop count", ["system", "hops", "n", "EM [95% CI]", "searches/q"],
@@ -234,10 +407,14 @@ def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]
          ["system", "route", "n", "EM [95% CI]", "searches/q"], _group_rows(r.searched_split)),
         ("types", "By question type", ["system", "type", "n", "EM [95% CI]", "searches/q"],
          _group_rows(r.by_type)),
+        ("stage-costs", f"Compute by stage: {r.device_unit} = wall time x devices",
+         ["stage", "wall time", "devices", r.device_unit, "cost"], _stage_rows(r)),
         ("costs", "Cost model", ["item", "value"], _cost_rows(r)),
-        ("audit", f"Label-noise audit: {len(r.suspects)} suspect gold labels",
-         ["id", "question", "gold", "policy answer", "confidence", "answer in support",
-          "flagged by"], _suspect_rows(r.suspects)),
+        ("confidence", "By retrieval confidence: top-1 retriever score of the first search, "
+                       "in terciles of the trained policy's scores on this eval set",
+         ["system", "confidence", "score range", "n", "EM [95% CI]", "searches/q"],
+         _confidence_rows(r)),
+        *_audit_sections(r),
     ]
 
 
@@ -246,14 +423,19 @@ def _headline(r: ReportInputs) -> list[str]:
     return [
         f"Decision: **{r.gate.label}**",
         f"Conditions: at least {t.min_gold_pairs} gold pairs; {r.trained_name} beats "
-        f"{r.comparison_baseline} on EM by >= {t.min_accuracy_margin:+.3f} with the 95% "
-        f"interval above zero; payback within {t.max_payback_months:g} months.",
+        f"{r.comparison_baseline} on EM on the main split ({r.main_split}) by >= "
+        f"{t.min_accuracy_margin:+.3f} with the 95% interval above zero; payback within "
+        f"{t.max_payback_months:g} months.",
+        r.cost_basis,
     ]
 
 
 def render_markdown(r: ReportInputs) -> str:
     lines = [f"# {r.title}", ""]
-    lines += [_headline(r)[0], "", _headline(r)[1], ""]
+    head = _headline(r)
+    lines += [head[0], ""] + [f"**{x}**" for x in (r.comparator, r.policy_selection) if x]
+    lines += [""] * bool(r.comparator or r.policy_selection)
+    lines += [head[1], ""] + ([head[2], ""] if head[2] else [])
     lines += [f"- {'PASS' if c.passed else 'FAIL'} {c.name}: {c.detail}" for c in r.gate.checks]
     lines += ["", f"Gold pairs available: {r.gold_pairs}; eval set: {r.eval_set}.", ""]
     lines += [f"> {note}" for note in r.notes]
@@ -298,7 +480,12 @@ def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
         f"<title>{esc(r.title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{esc(r.title)}</h1>"
         f'<div id="decision" class="decision {klass}">{esc(r.gate.label)}</div>'
-        f"<p>{esc(_headline(r)[1])}</p><ul id=\"checks\">{checks}</ul>"
+        + (f'<p id="comparator"><b>{esc(r.comparator)}</b></p>' if r.comparator else "")
+        + (f'<p id="policy-selection"><b>{esc(r.policy_selection)}</b></p>'
+           if r.policy_selection else "")
+        + f"<p>{esc(_headline(r)[1])}</p>"
+        + (f'<p id="cost-basis">{esc(r.cost_basis)}</p>' if r.cost_basis else "")
+        + f"<ul id=\"checks\">{checks}</ul>"
         f"<p>Gold pairs available: {esc(str(r.gold_pairs))}; eval set: {esc(r.eval_set)}.</p>"
         f"{notes}<h2>Plots</h2>{plots}{sections}</body></html>"
     )

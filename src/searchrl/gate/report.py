@@ -1,6 +1,6 @@
-"""Stage 6 library entry: evaluation results + training facts + config -> the gate decision and
-its report files. Never raises on bad numbers: anything missing or non-finite reaches the gate
-as None/NaN and fails closed there, named in the report.
+"""Stage 6 library entry: evaluation results + the stages' recorded wall time and devices +
+config -> the gate decision and its report files. Never raises on bad numbers: anything missing
+or non-finite reaches the gate as None/NaN and fails closed there, named in the report.
 
 Writes under `out_dir`: report.html, report.md, decision.json (atomically; decision.json last).
 """
@@ -9,18 +9,31 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, read_manifest
-from searchrl.eval.baselines import TRAINED
-from searchrl.eval.metrics import Interval
+from searchrl.eval.audit import GOLD_LIKELY_WRONG
+from searchrl.eval.baselines import FRONTIER, TRAINED
+from searchrl.eval.metrics import Interval, Summary
 from searchrl.eval.run import EvalResult
-from searchrl.gate.payback import CostInputs, GateInputs, GateResult, GateThresholds, decide
+from searchrl.gate.payback import (
+    CostInputs,
+    GateInputs,
+    GateResult,
+    GateThresholds,
+    Projection,
+    StageCost,
+    decide,
+    project_training,
+    total_device_hours,
+)
 from searchrl.gate.render import ReportInputs, render_html, render_markdown
+from searchrl.generation.factory import resolve_device
+from searchrl.types import CheckpointRef, CurriculumRef, EvalRef
 
 
 @dataclass(frozen=True)
@@ -93,24 +106,175 @@ def choose_baseline(evaluation: EvalResult, wanted: str) -> tuple[str, list[str]
                   "(gate.comparison_baseline=best)"]
 
 
+@dataclass(frozen=True)
+class Comparator:
+    """What the accuracy condition compares the trained policy with, and what the payback
+    condition charges for the frontier: measured (the `frontier` system) or a stand-in."""
+
+    name: str
+    kind: Literal["frontier", "stand-in"]
+    sentence: str  # for the decision box
+    problem: str | None  # why it was not fully measured (fails the accuracy condition)
+    tokens_per_query: float
+    price_per_1k_tokens: float
+    tokens_source: str
+    notes: tuple[str, ...] = ()
+
+
+def comparator_of(config: PipelineConfig, evaluation: EvalResult) -> Comparator:
+    """The frontier system when `eval.frontier` is configured (its measured EM, tokens per
+    query from the endpoint's usage, priced with eval.frontier's prices); otherwise the
+    `gate.comparison_baseline` stand-in with the assumed gate.frontier_* cost figures."""
+    g, cfg = config.gate, config.eval.frontier
+    measured = evaluation.systems.get(FRONTIER)
+    if cfg is None and measured is None:
+        name, notes = choose_baseline(evaluation, g.comparison_baseline)
+        verdict = ("may pass: gate.allow_stand_in_comparator=true" if
+                   g.allow_stand_in_comparator else
+                   "may not pass: gate.allow_stand_in_comparator=false")
+        return Comparator(
+            name, "stand-in",
+            f"Comparator: {name}, a stand-in, NOT the frontier system (no eval.frontier "
+            "endpoint is configured, so the frontier's accuracy was not measured); the "
+            f"accuracy condition is measured against the stand-in and {verdict}. The frontier's "
+            "cost is assumed (gate.frontier_tokens_per_query, gate.frontier_price_per_1k_tokens).",
+            None, g.frontier_tokens_per_query, g.frontier_price_per_1k_tokens,
+            "assumed: gate.frontier_tokens_per_query", tuple(notes))
+    if measured is None:
+        problem = ("eval.frontier is configured but the evaluation has no frontier system; "
+                   "re-run evaluate_policy")
+        return Comparator(FRONTIER, "frontier", f"Comparator: the frontier system, NOT "
+                          f"measured: {problem}.", problem, math.nan, math.nan, "not measured")
+    s = measured.summary
+    prompt = s.tokens_per_query - s.response_tokens
+    if cfg is not None:  # blended: what one measured query costs, per 1k of its tokens
+        cost = (prompt * cfg.price_per_1k_prompt_tokens
+                + s.response_tokens * cfg.price_per_1k_completion_tokens)
+        price = cost / s.tokens_per_query if s.tokens_per_query > 0 else math.nan
+        priced = (f"priced at {cfg.price_per_1k_prompt_tokens:g} / "
+                  f"{cfg.price_per_1k_completion_tokens:g} per 1k prompt / completion tokens")
+    else:
+        price = g.frontier_price_per_1k_tokens
+        priced = "priced at gate.frontier_price_per_1k_tokens"
+    incomplete = measured.incomplete
+    sentence = (f"Comparator: the frontier system, {measured.spec.description}, measured on the "
+                f"same eval set with the same retriever and prompt: EM {s.em.mean:.3f}, "
+                f"{s.tokens_per_query:.0f} tokens/query from the endpoint's usage, {priced}.")
+    if incomplete:
+        sentence += f" INCOMPLETE: {incomplete}."
+    return Comparator(FRONTIER, "frontier", sentence, incomplete, s.tokens_per_query, price,
+                      "measured: endpoint usage, the prompt re-sent every turn")
+
+
+def selection_sentence(selection: Mapping[str, Any]) -> str:
+    """Which checkpoint of the run was evaluated (and is registered on GO), and the other."""
+    if not selection or selection.get("last_step") is None:
+        return ""  # a reference from before selection was recorded
+    metric = selection.get("metric") or "dev metric"
+
+    def at(step: Any, value: Any) -> str:
+        finite = isinstance(value, int | float) and math.isfinite(value)
+        shown = f"{value:.3f}" if finite else "not evaluated"
+        return f"step {step} ({metric} {shown})"
+
+    last = at(selection.get("last_step"), selection.get("last_value"))
+    if selection.get("selection") == "best":
+        return (f"Evaluated and registered on GO: the best dev checkpoint by {metric}, "
+                f"{at(selection.get('selected_step'), selection.get('selected_value'))}; "
+                f"the last step was {last}.")
+    return (f"Evaluated and registered on GO: the last step's policy, {last} "
+            "(train.keep_best is off).")
+
+
+@dataclass(frozen=True)
+class TrainingVolume:
+    """What the prototype's training did, from the trainer's metrics.jsonl: steps done, and
+    policy tokens (rollout_tokens + update_tokens summed over steps; per rank, as logged)."""
+
+    steps: int | None
+    tokens_per_rank: float | None
+
+
+def training_volume(path: str | Path | None) -> TrainingVolume:
+    """Steps done (the highest `step`) and summed tokens; None for what the file lacks."""
+    steps: int | None = None
+    tokens: float | None = None
+    if path is None or not Path(path).is_file():
+        return TrainingVolume(None, None)
+    with Path(path).open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(row, dict):
+                continue
+            step = row.get("step")
+            if isinstance(step, int | float) and math.isfinite(step):
+                steps = max(steps or 0, int(step))
+            for key in ("rollout_tokens", "update_tokens"):
+                value = row.get(key)
+                if isinstance(value, int | float) and math.isfinite(value):
+                    tokens = (tokens or 0.0) + float(value)
+    return TrainingVolume(steps, tokens)
+
+
+def stage_costs(curriculum: CurriculumRef | None, checkpoint: CheckpointRef,
+                evaluation: EvalRef | None) -> tuple[list[StageCost], list[str]]:
+    """Each counted stage's wall time and devices as its reference recorded them, and notes.
+
+    A missing curriculum or evaluation record counts 0 (noted); unrecorded training time is
+    None, so the payback condition fails closed rather than calling training free.
+    """
+    notes: list[str] = []
+    if curriculum is None or curriculum.seconds <= 0:
+        notes.append("curriculum stage (cold start + difficulty estimate): no recorded wall "
+                     "time" + (" (its ref.json is missing or stale)" if curriculum is None
+                               else "") + ", counted as 0")
+        cur = StageCost("curriculum", 0.0, 1)
+    else:
+        cur = StageCost("curriculum", curriculum.seconds, curriculum.devices)
+    if checkpoint.seconds > 0:
+        train = StageCost("training", checkpoint.seconds, checkpoint.devices)
+    elif checkpoint.training_seconds > 0:
+        notes.append("training stage wall time not recorded: the trainer's GRPO + cold-start "
+                     "seconds are used")
+        train = StageCost("training", checkpoint.training_seconds, checkpoint.devices)
+    else:
+        # 0 s means "not measured" (the CheckpointRef default): never a free training run.
+        notes.append("training time was not recorded: payback cannot be computed")
+        train = StageCost("training", None, checkpoint.devices)
+    if evaluation is None or evaluation.seconds <= 0:
+        notes.append("evaluation stage: no recorded wall time, counted as 0")
+        ev = StageCost("evaluation", 0.0, 1)
+    else:
+        ev = StageCost("evaluation", evaluation.seconds, evaluation.devices)
+    return [cur, train, ev], notes
+
+
+def device_unit(device: str) -> str:
+    """The cost unit's honest name: a CPU rank is a device, not a GPU."""
+    return "GPU-hours" if resolve_device(device) == "cuda" else "device-hours (cpu)"
+
+
 def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: int | None,
-               training_seconds: float | None,
+               stages: Sequence[StageCost],
                training_curve: Mapping[str, list[tuple[int, float]]],
+               volume: TrainingVolume = TrainingVolume(None, None),
+               cost_notes: Sequence[str] = (),
                ) -> tuple[GateResult, ReportInputs]:
     """Assemble the gate inputs (config first, measurements where config leaves None)."""
     g = config.gate
     notes: list[str] = list(evaluation.notes)
-    baseline, more = choose_baseline(evaluation, g.comparison_baseline)
-    notes += more
+    comparator = comparator_of(config, evaluation)
+    baseline = comparator.name
+    notes += comparator.notes
     delta = evaluation.deltas.get(baseline, Interval(math.nan, math.nan, math.nan, 0))
     trained = evaluation.systems.get(TRAINED)
     measured_tokens = trained.summary.tokens_per_query if trained is not None else math.nan
-    hours = g.training_gpu_hours
-    if hours is None:
-        # 0 s means "not measured" (the CheckpointRef default): never a free training run.
-        hours = training_seconds / 3600.0 if training_seconds and training_seconds > 0 else None
-        notes.append("training GPU-hours measured by the training stage" if hours is not None
-                     else "training time was not recorded: payback cannot be computed")
+    unit = device_unit(config.run.device)
+    hours, projection, basis = _charged_hours(config, stages, volume, unit)
+    notes += cost_notes
     costs = CostInputs(
         gpu_type=g.gpu_type, gpu_price_per_hour=g.gpu_price_per_hour, training_gpu_hours=hours,
         production_queries_per_month=g.production_queries_per_month,
@@ -118,21 +282,26 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                                 if g.small_model_tokens_per_query is not None
                                 else measured_tokens),
         small_price_per_1k_tokens=g.small_model_price_per_1k_tokens,
-        frontier_tokens_per_query=g.frontier_tokens_per_query,
-        frontier_price_per_1k_tokens=g.frontier_price_per_1k_tokens)
+        frontier_tokens_per_query=comparator.tokens_per_query,
+        frontier_price_per_1k_tokens=comparator.price_per_1k_tokens)
     thresholds = GateThresholds(min_gold_pairs=g.min_gold_pairs,
                                 min_accuracy_margin=g.min_accuracy_margin,
                                 max_payback_months=g.max_payback_months)
     result = decide(GateInputs(gold_pairs=gold_pairs, accuracy_delta=delta.mean,
                                accuracy_delta_lo=delta.lo, accuracy_delta_hi=delta.hi,
-                               comparison_baseline=baseline, costs=costs), thresholds)
-    notes.append("The frontier model's accuracy is not measured here: the accuracy condition "
-                 f"uses {baseline} (same eval set, same retriever) as its stand-in; its cost "
-                 "side uses the configured frontier tokens and prices.")
+                               comparison_baseline=baseline, costs=costs,
+                               comparator=comparator.kind,
+                               allow_stand_in=g.allow_stand_in_comparator,
+                               comparator_problem=comparator.problem), thresholds)
+    selection = evaluation.policy_selection
+    if selection.get("selection") == "best" and config.eval.split == "dev":
+        notes.append("The evaluated policy was selected on the dev split it is evaluated on: "
+                     "its EM is optimistic (set eval.split=test).")
     notes.append(f"Latency is batch-amortised wall time on device={config.run.device} "
                  f"(eval.batch_size={config.eval.batch_size}).")
     order = [n for n in evaluation.systems if n != TRAINED] + [TRAINED] * (trained is not None)
     suspects = _read_jsonl(evaluation.suspects_path)
+    main = config.eval.split
     report = ReportInputs(
         title=f"searchrl go/no-go: {config.run.name}", gate=result, thresholds=thresholds,
         costs=costs, gold_pairs=gold_pairs, comparison_baseline=baseline, trained_name=TRAINED,
@@ -143,8 +312,62 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
         searched_split={n: evaluation.systems[n].by_searched for n in order
                         if evaluation.systems[n].spec.mode == "agentic"},
         deltas=dict(evaluation.deltas), training_curve=dict(training_curve), suspects=suspects,
-        payback_horizon_months=g.payback_horizon_months, notes=tuple(notes))
+        payback_horizon_months=g.payback_horizon_months, notes=tuple(notes),
+        eval_columns=_eval_columns(evaluation, order, main), main_split=main,
+        stage_costs=tuple(stages), projection=projection, device_unit=unit, cost_basis=basis,
+        comparator=comparator.sentence, policy_selection=selection_sentence(selection),
+        frontier_tokens_source=comparator.tokens_source,
+        by_confidence={n: evaluation.systems[n].by_confidence for n in order
+                       if evaluation.systems[n].spec.mode == "agentic"
+                       and evaluation.systems[n].by_confidence},
+        confidence_cuts=evaluation.confidence_cuts,
+        train_suspects=(_read_jsonl(evaluation.train_audit.path)
+                        if evaluation.train_audit else []),
+        train_audit_questions=(evaluation.train_audit.n_questions
+                               if evaluation.train_audit else 0))
     return result, report
+
+
+def _charged_hours(config: PipelineConfig, stages: Sequence[StageCost], volume: TrainingVolume,
+                   unit: str) -> tuple[float | None, Projection | None, str]:
+    """(device-hours the payback condition charges, the projection, a sentence saying which)."""
+    g = config.gate
+    training = next((s for s in stages if s.stage == "training"), None)
+    measured = training.device_hours if training is not None else math.nan
+    devices = training.devices if training is not None else 1
+    tokens = volume.tokens_per_rank * devices if volume.tokens_per_rank is not None else None
+    projection = project_training(measured, steps_done=volume.steps, tokens_done=tokens,
+                                  full_run_steps=g.full_run_steps,
+                                  full_run_tokens=g.full_run_tokens)
+    if g.training_gpu_hours is not None:
+        return (g.training_gpu_hours, projection,
+                f"Payback charges the configured gate.training_gpu_hours = "
+                f"{g.training_gpu_hours:g} (measurements below are context).")
+    total = total_device_hours(stages, projection)
+    stage_names = " + ".join(s.stage for s in stages)
+    if projection is None:
+        basis = (f"Payback charges this run's measured {unit} ({stage_names}); no full-run "
+                 "size is configured (gate.full_run_steps / gate.full_run_tokens), so nothing "
+                 "is projected.")
+    else:
+        basis = (f"Payback charges the projected full run: training x{projection.ratio:.2f} by "
+                 f"{projection.basis} ({projection.full:,.0f} configured / "
+                 f"{_count(projection.done)} done), the other stages as measured.")
+    return (total if math.isfinite(total) else None), projection, basis
+
+
+def _count(x: float | None) -> str:
+    return f"{x:,.0f}" if x is not None and math.isfinite(x) else "n/a"
+
+
+def _eval_columns(evaluation: EvalResult, order: Sequence[str], main: str
+                  ) -> dict[str, dict[str, Summary]]:
+    """Eval set -> system -> summary: the main split first, then each extra set."""
+    columns = {main: {n: evaluation.systems[n].summary for n in order}}
+    for name, one in evaluation.extra_sets.items():
+        columns[name if name != main else f"{name} (extra)"] = {
+            n: one.systems[n] for n in order if n in one.systems}
+    return columns
 
 
 def _read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -175,26 +398,42 @@ def decision_figures(result: GateResult, report: ReportInputs) -> dict[str, floa
         "monthly_saving": p.monthly_saving if p else nan,
         "payback_months": p.payback_months if p else nan,
         "suspect_labels": float(len(report.suspects)),
-    }
+        "suspect_gold_likely_wrong": float(sum(1 for s in report.suspects
+                                               if s.get("tier") == GOLD_LIKELY_WRONG)),
+        "device_hours_charged": (report.costs.training_gpu_hours
+                                 if report.costs.training_gpu_hours is not None else nan),
+        "projection_ratio": report.projection.ratio if report.projection else nan,
+        "comparator_is_frontier": float(report.comparison_baseline == FRONTIER),
+    } | {f"{s.stage}_device_hours": s.device_hours for s in report.stage_costs}
 
 
 def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: Path, *,
-                      gold_pairs: int | None, training_seconds: float | None,
-                      metrics_path: str | Path | None) -> GateOutcome:
+                      gold_pairs: int | None, stages: Sequence[StageCost],
+                      metrics_path: str | Path | None,
+                      cost_notes: Sequence[str] = ()) -> GateOutcome:
     """Decide, render, write. decision.json is removed first and written last."""
     out_dir.mkdir(parents=True, exist_ok=True)
     decision_path = out_dir / "decision.json"
     decision_path.unlink(missing_ok=True)
     curve = load_training_curve(metrics_path, config.gate.training_curve_metrics)
-    result, report = build_gate(config, evaluation, gold_pairs=gold_pairs,
-                                training_seconds=training_seconds, training_curve=curve)
+    result, report = build_gate(config, evaluation, gold_pairs=gold_pairs, stages=stages,
+                                training_curve=curve, volume=training_volume(metrics_path),
+                                cost_notes=cost_notes)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     atomic_write_text(html_path, render_html(report))
     atomic_write_text(md_path, render_markdown(report))
     figures = decision_figures(result, report)
+    comparator = comparator_of(config, evaluation)
     atomic_write_text(decision_path, json.dumps(
         {**result.to_dict(), "reasons": list(result.reasons),
          "comparison_baseline": report.comparison_baseline, "figures": figures,
+         "comparator": {"name": comparator.name, "kind": comparator.kind,
+                        "problem": comparator.problem, "text": comparator.sentence,
+                        "stand_in_allowed": config.gate.allow_stand_in_comparator},
+         "policy_selection": evaluation.policy_selection,
+         "cost_basis": report.cost_basis, "device_unit": report.device_unit,
+         "stages": [{"stage": c.stage, "seconds": c.seconds, "devices": c.devices}
+                    for c in report.stage_costs],
          "notes": list(report.notes)}, indent=2))
     return GateOutcome(result=result, report=report, html_path=html_path, md_path=md_path,
                        decision_path=decision_path, figures=figures)

@@ -9,20 +9,32 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from searchrl.config import PipelineConfig
+from searchrl.config import FrontierConfig, PipelineConfig
 from searchrl.generation.base import Generator
 
 
 def make_generator(config: PipelineConfig, *, policy_dir: str | Path | None = None,
                    model: PreTrainedModel | None = None,
-                   tokenizer: PreTrainedTokenizerBase | None = None) -> Generator:
-    """A generator for the policy saved in `policy_dir`, or for a live `model`.
+                   tokenizer: PreTrainedTokenizerBase | None = None,
+                   frontier: FrontierConfig | None = None) -> Generator:
+    """A generator for the policy saved in `policy_dir`, or for a live `model`, or (with
+    `frontier`) for an OpenAI-compatible endpoint.
 
     `hf`: wraps `model` on `run.device` (the trainer's engine module: its updates are seen by
     the next call), or loads `policy_dir` in `model.dtype` onto `run.device`, in eval mode.
     `vllm`: loads `policy_dir` (a saved policy directory) into an engine in `model.dtype`;
     the trainer pushes later weights with `update_weights(model)`.
+    `frontier`: `/v1/completions` of `frontier.base_url`, with `tokenizer` (else the one in
+    `policy_dir`) as the rollout's text codec; `rollout.backend` does not apply.
     """
+    if frontier is not None:
+        from searchrl.generation.openai_compat import OpenAICompatGenerator
+
+        if tokenizer is None:
+            if policy_dir is None:
+                raise ValueError("a frontier generator needs a tokenizer or policy_dir")
+            tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+        return OpenAICompatGenerator.from_config(frontier, tokenizer)
     device = resolve_device(config.run.device)
     if config.rollout.backend == "vllm":
         if policy_dir is None:

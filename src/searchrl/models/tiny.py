@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -20,6 +21,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 from searchrl.config import ModelConfig, TinyModelConfig
@@ -48,8 +51,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 
 def build_tiny_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase,
-                     seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(
+                     seed: int = 0) -> PreTrainedModel:
+    """A randomly initialised causal LM of `cfg.architecture` sized by `cfg`."""
+    shape: dict[str, Any] = dict(
         vocab_size=len(tokenizer), hidden_size=cfg.n_embd, intermediate_size=cfg.n_embd * 4,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_head, max_position_embeddings=cfg.n_positions,
@@ -57,7 +61,9 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase,
         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
+    if cfg.architecture == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**shape))
+    return LlamaForCausalLM(LlamaConfig(**shape))
 
 
 def load_policy(path_or_name: str | Path, dtype: str = "float32"

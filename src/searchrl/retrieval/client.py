@@ -3,14 +3,18 @@
 Speaks Search-R1's `/retrieve` shape (`{"queries", "topk", "return_scores"}` ->
 `{"result": [[{"document": {"id", "contents", ...}, "score"}, ...], ...]}`), so it also works
 against Search-R1's own retrieval server. Every call has a timeout; connection errors,
-timeouts, 429 and 5xx are retried a bounded number of times with exponential backoff; then,
-or on any other error status or a malformed answer, `SearchError` is raised. A failure is
+timeouts, 429 (rate limited) and 5xx (503: busy) are retried a bounded number of times with
+exponential backoff, waiting at least the server's Retry-After (capped at the timeout); then,
+or on any other error status or a malformed answer, `SearchError` is raised. Requests carry
+`X-Client-Id` (host:pid[:rank]) so the server's /stats can tell ranks apart. A failure is
 never returned as an empty result. Hit texts are neutralised (rollout tags escaped).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,11 +34,15 @@ class RetrievalClient:
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0,
                  retries: int = 3, backoff_s: float = 0.2,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 client_id: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.max_wait_s = timeout_s
+        headers = {"X-Client-Id": client_id or default_client_id()}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers,
                                   transport=transport)
 
@@ -50,9 +58,11 @@ class RetrievalClient:
 
     def _request(self, method: str, path: str, json: Any = None) -> Any:
         last: str = ""
+        wait = 0.0  # the server's Retry-After, if it sent one
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(max(self.backoff_s * 2 ** (attempt - 1), wait))
+            wait = 0.0
             try:
                 resp = self._http.request(method, path, json=json)
             except httpx.TransportError as exc:  # refused, reset, DNS, timeouts
@@ -60,6 +70,7 @@ class RetrievalClient:
                 continue
             if resp.status_code in _RETRY_STATUS or resp.status_code >= 500:
                 last = f"HTTP {resp.status_code}: {_detail(resp)}"
+                wait = min(_retry_after(resp), self.max_wait_s)
                 continue
             if resp.status_code >= 400:
                 raise SearchError(f"retrieval service {self.url}{path} rejected the request: "
@@ -102,6 +113,20 @@ def _hit(item: dict[str, Any]) -> SearchHit:
     return SearchHit(doc_id=str(doc["id"]), title=neutralize_tags(str(title)) if title else None,
                      contents=neutralize_tags(str(doc["contents"])),
                      score=float(item.get("score", 0.0)))
+
+
+def default_client_id() -> str:
+    rank = os.environ.get("RANK")
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":rank{rank}" if rank else "")
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    """Retry-After in seconds (0 when absent or an HTTP date, which our server never sends)."""
+    try:
+        value = float(resp.headers.get("retry-after", "0"))
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -224,13 +224,14 @@ class LocalSearcher:
                               f"index.retriever={retriever} or index.eval_all_retrievers=true")
         if retriever == "bm25":
             assert self.bm25 is not None
-            return self.bm25.search(queries, top_k)
+            return self.bm25.search(queries, top_k, n_threads=self.config.bm25_threads)
         if retriever == "dense":
             assert self.dense is not None
             return self.dense.search(queries, top_k)
         assert self.bm25 is not None and self.dense is not None
         depth = max(top_k, HYBRID_DEPTH)
-        return rrf_fuse({"bm25": self.bm25.search(queries, depth),
+        return rrf_fuse({"bm25": self.bm25.search(queries, depth,
+                                                  n_threads=self.config.bm25_threads),
                          "dense": self.dense.search(queries, depth)},
                         self.config.hybrid_weights, top_k=top_k, k=self.config.rrf_k)
 

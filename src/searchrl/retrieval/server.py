@@ -1,14 +1,33 @@
-"""The retrieval HTTP service (FastAPI): Search-R1-compatible batch `/retrieve` + `/health`.
+"""The retrieval HTTP service (FastAPI): Search-R1-compatible batch `/retrieve`, `/health`,
+`/stats`.
 
     POST /retrieve {"queries": [str], "topk": int = 3, "return_scores": bool = false}
       -> {"result": [[{"document": {"id", "title", "contents"}, "score": float}, ...], ...]}
          (with return_scores=false each hit is the bare document, as in Search-R1)
-    GET  /health  -> {"status": "ok", "passages": int, "retriever": str}
+    GET  /health  -> {"status": "ok", "passages": int, "retriever": str, "pid": int}
+    GET  /stats   -> per-client request/query counts, flagged queries, a recent-query sample
 
 Limits (from `IndexConfig`) answer with a clear 4xx: empty batch or bad top-k or an overlong
-query 422, batch above `max_batch` 413, missing/wrong bearer token 401 (when a token is set).
-Search failures answer 503 so clients retry. Bound to 127.0.0.1 unless told otherwise; a
+query 422, batch above `max_batch` 413, missing/wrong bearer token 401 (when a token is set),
+more than `service_rate_limit_per_s` requests/s from one client 429 with Retry-After. More
+than `service_max_inflight` requests admitted at once answer 503 "busy" with Retry-After, and
+search failures 503, so clients retry. Bound to 127.0.0.1 unless told otherwise; a
 non-loopback bind without a token is refused.
+
+Concurrency: up to `service_workers` searches run at once on a thread pool; nothing
+serialises them except what is not thread-safe. BM25 search only reads the index's arrays
+(each call scores into its own array) and the tokenizer's vocabulary (no stemmer,
+update_vocab=False, so tokenising writes nothing); faiss CPU indexes are thread-safe for
+concurrent searches (faiss wiki, "Threads and asynchronous calls") and release the GIL; torch
+inference releases the GIL. Not safe: a Hugging Face fast tokenizer called from two threads
+can raise "Already borrowed" (huggingface/tokenizers#537, transformers#47085: the Python
+side re-sets truncation and padding on the shared Rust object; version dependent), so query
+*encoding* takes a lock, which costs little: on CPU torch already spreads one encode over
+every core; and faiss GPU indexes are not thread-safe even for search, so a GPU-backed
+searcher runs one search at a time. On a small index most of a request is Python (HTTP,
+tokenising, hit objects) under the GIL, so threads add little there
+(benchmarks/bench_service.py); they pay where the numpy / faiss work on a large index releases
+it, and keep a large batch from holding up everyone else.
 
     python -m searchrl.retrieval.server --index-dir runs/tiny/build_index --config configs/tiny.yaml
 """
@@ -16,23 +35,53 @@ non-loopback bind without a token is refused.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import ipaddress
 import logging
+import math
 import os
+import re
+import signal
 import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from searchrl.config import IndexConfig, load_config
+from searchrl.data.io import read_manifest
 from searchrl.retrieval.base import Searcher, SearchError
+from searchrl.retrieval.dense import Encoder, FloatArray
+from searchrl.retrieval.index_store import (
+    MAIN_CORPUS,
+    LocalSearcher,
+    load_corpus_searcher,
+    resolve_corpus,
+)
+from searchrl.rl.prompts import TAG_LIKE
 from searchrl.types import SearchHit
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 3  # Search-R1's retriever default
+# Policy search queries are a few words; hundreds of characters usually mean the policy is
+# pasting passages (or a prompt injection) back into the search box.
+LONG_QUERY_CHARS = 300
+MARKUP = re.compile(r"<\s*/?\s*[A-Za-z][^<>]{0,40}>")
+RECENT_QUERIES = 100
+# Clients tracked one by one; further identities share one entry (and one rate bucket), so a
+# client inventing X-Client-Id values cannot grow memory.
+MAX_CLIENTS = 256
+OTHER_CLIENTS = "(other)"
+_CLIENT_ID = re.compile(r"[^\w.:@/-]")
 
 
 class RetrieveRequest(BaseModel):
@@ -49,54 +98,241 @@ def _document(hit: SearchHit) -> dict[str, Any]:
     return {"id": hit.doc_id, "title": hit.title, "contents": hit.contents}
 
 
-def create_app(searcher: Searcher, config: IndexConfig, token: str | None = None,
-               info: dict[str, Any] | None = None) -> FastAPI:
-    """An app serving `searcher`. `token`: required bearer token, None for none.
-    `info` is merged into the /health answer."""
-    app = FastAPI(title="searchrl retrieval", version="1")
-    # bm25s, faiss and torch are not documented as safe under concurrent calls from FastAPI's
-    # thread pool; callers get throughput by batching, not by concurrency.
-    lock = threading.Lock()
+# --- monitoring and rate limits (touched only from the event loop thread: no locks)
 
-    def check_token(authorization: Annotated[str | None, Header()] = None) -> None:
+
+def query_flags(query: str) -> list[str]:
+    """Why a query looks anomalous: "empty", "long", "markup" (tag-like text)."""
+    flags = []
+    if not query.strip():
+        flags.append("empty")
+    if len(query) > LONG_QUERY_CHARS:
+        flags.append("long")
+    if TAG_LIKE.search(query) or MARKUP.search(query):
+        flags.append("markup")
+    return flags
+
+
+@dataclass
+class ClientStats:
+    """Counts for one client. `requests` counts every authorised POST; `queries` those of
+    served requests."""
+
+    requests: int = 0
+    served: int = 0
+    queries: int = 0
+    rate_limited: int = 0
+    busy: int = 0
+    rejected: int = 0
+    failed: int = 0
+    flagged: dict[str, int] = field(default_factory=dict)
+    last_seen: float = 0.0
+
+
+@dataclass
+class TokenBucket:
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    def take(self, now: float) -> float:
+        """0.0 and one token spent if one is available, else the seconds until there is."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class Monitor:
+    """Per-client counts, flagged-query counts, a bounded recent-query sample, rate buckets."""
+
+    def __init__(self, config: IndexConfig) -> None:
+        self.config = config
+        self.started = time.time()
+        self.clients: dict[str, ClientStats] = {}
+        self.buckets: dict[str, TokenBucket] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_QUERIES)
+        self.unauthorized = 0
+        self.inflight = 0
+
+    def identify(self, address: str, declared: str | None) -> str:
+        """The address, plus the client's own X-Client-Id (host:pid[:rank]) when it sends one:
+        ranks on one host share an address. Unknown identities past MAX_CLIENTS are pooled."""
+        name = address if not declared else f"{address}/{_CLIENT_ID.sub('_', declared)[:64]}"
+        if name not in self.clients and len(self.clients) >= MAX_CLIENTS:
+            name = OTHER_CLIENTS
+        stats = self.clients.setdefault(name, ClientStats())
+        stats.last_seen = time.time()
+        return name
+
+    def admit(self, client: str) -> float:
+        """0.0 when `client` is within its rate limit, else seconds to wait."""
+        rate = self.config.service_rate_limit_per_s
+        if rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        burst = float(self.config.service_rate_burst)
+        bucket = self.buckets.setdefault(client, TokenBucket(rate, burst, burst, now))
+        return bucket.take(now)
+
+    def record_queries(self, client: str, queries: Sequence[str]) -> None:
+        stats = self.clients[client]
+        now = time.time()
+        for query in queries:
+            flags = query_flags(query)
+            for flag in flags:
+                stats.flagged[flag] = stats.flagged.get(flag, 0) + 1
+            self.recent.append({"time": round(now, 3), "client": client,
+                                "query": query[:200], "flags": flags})
+
+    def snapshot(self) -> dict[str, Any]:
+        clients = {name: asdict(s) for name, s in self.clients.items()}
+        totals: dict[str, Any] = {key: sum(c[key] for c in clients.values())
+                                  for key in ("requests", "served", "queries", "rate_limited",
+                                              "busy", "rejected", "failed")}
+        flagged: dict[str, int] = {}
+        for c in clients.values():
+            for flag, n in c["flagged"].items():
+                flagged[flag] = flagged.get(flag, 0) + n
+        return {"uptime_s": round(time.time() - self.started, 1), "inflight": self.inflight,
+                "limits": {"workers": self.config.service_workers,
+                           "max_inflight": self.config.service_max_inflight,
+                           "rate_limit_per_s": self.config.service_rate_limit_per_s,
+                           "rate_burst": self.config.service_rate_burst},
+                "totals": totals | {"flagged": flagged, "unauthorized": self.unauthorized},
+                "clients": clients, "recent": list(self.recent)}
+
+
+# --- the app
+
+
+def create_app(searcher: Searcher, config: IndexConfig, token: str | None = None,
+               info: dict[str, Any] | None = None, serialise: bool = False) -> FastAPI:
+    """An app serving `searcher`. `token`: required bearer token, None for none.
+    `info` is merged into the /health answer. `serialise`: one search at a time (for a
+    searcher that is not thread-safe, e.g. faiss on GPU; and to measure what concurrency
+    buys)."""
+    app = FastAPI(title="searchrl retrieval", version="2")
+    monitor = Monitor(config)
+    app.state.monitor = monitor
+    # Threads are made on demand and kept: a search waits for a free one, never for a lock.
+    pool = ThreadPoolExecutor(max_workers=config.service_workers,
+                              thread_name_prefix="retriever")
+    lock = threading.Lock() if serialise else None
+
+    def search(queries: list[str], top_k: int) -> list[list[SearchHit]]:
+        if lock is None:
+            return searcher.search_batch(queries, top_k)
+        with lock:
+            return searcher.search_batch(queries, top_k)
+
+    async def check_token(authorization: Annotated[str | None, Header()] = None) -> None:
         if token is None:
             return
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+            monitor.unauthorized += 1
             raise HTTPException(status_code=401, detail="missing or invalid bearer token "
                                 "(send 'Authorization: Bearer <token>')",
                                 headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
+    async def health() -> dict[str, Any]:
         return {"status": "ok", **(info or {})}
 
+    @app.get("/stats", dependencies=[Depends(check_token)])
+    async def stats() -> dict[str, Any]:
+        return monitor.snapshot()
+
     @app.post("/retrieve", dependencies=[Depends(check_token)])
-    def retrieve(request: RetrieveRequest) -> RetrieveResponse:
-        n = len(request.queries)
-        if n == 0:
-            raise HTTPException(status_code=422, detail="queries must be a non-empty list")
-        if n > config.max_batch:
-            raise HTTPException(status_code=413, detail=f"batch of {n} queries exceeds "
-                                f"max_batch={config.max_batch}; split it")
-        if not 1 <= request.topk <= config.max_top_k:
-            raise HTTPException(status_code=422, detail=f"topk={request.topk} must be between "
-                                f"1 and max_top_k={config.max_top_k}")
-        for i, query in enumerate(request.queries):
-            if len(query) > config.max_query_chars:
-                raise HTTPException(status_code=422, detail=f"queries[{i}] has {len(query)} "
-                                    f"characters, above max_query_chars={config.max_query_chars}")
+    async def retrieve(request: RetrieveRequest, http: Request,
+                       x_client_id: Annotated[str | None, Header()] = None) -> RetrieveResponse:
+        client = monitor.identify(http.client.host if http.client else "unknown", x_client_id)
+        stats = monitor.clients[client]
+        stats.requests += 1
+        wait = monitor.admit(client)
+        if wait > 0:
+            stats.rate_limited += 1
+            raise HTTPException(status_code=429, headers={"Retry-After": str(math.ceil(wait))},
+                                detail=f"rate limit of {config.service_rate_limit_per_s:g} "
+                                f"requests/s per client exceeded (burst "
+                                f"{config.service_rate_burst}); retry after {wait:.2f}s")
         try:
-            with lock:
-                hits = searcher.search_batch(request.queries, request.topk)
+            _validate(request, config)
+        except HTTPException:
+            stats.rejected += 1
+            raise
+        monitor.record_queries(client, request.queries)
+        if monitor.inflight >= config.service_max_inflight:
+            stats.busy += 1
+            raise HTTPException(status_code=503, headers={"Retry-After": "1"},
+                                detail=f"busy: {monitor.inflight} requests in flight "
+                                f"(index.service_max_inflight={config.service_max_inflight}); "
+                                "retry")
+        monitor.inflight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            hits = await loop.run_in_executor(pool, partial(search, request.queries,
+                                                            request.topk))
         except SearchError as exc:
+            stats.failed += 1
             raise HTTPException(status_code=503, detail=f"search failed: {exc}") from exc
+        finally:
+            monitor.inflight -= 1
+        stats.served += 1
+        stats.queries += len(request.queries)
         if request.return_scores:
             return RetrieveResponse(result=[[{"document": _document(h), "score": h.score}
                                              for h in per_query] for per_query in hits])
         return RetrieveResponse(result=[[_document(h) for h in per_query] for per_query in hits])
 
     return app
+
+
+def _validate(request: RetrieveRequest, config: IndexConfig) -> None:
+    n = len(request.queries)
+    if n == 0:
+        raise HTTPException(status_code=422, detail="queries must be a non-empty list")
+    if n > config.max_batch:
+        raise HTTPException(status_code=413, detail=f"batch of {n} queries exceeds "
+                            f"max_batch={config.max_batch}; split it")
+    if not 1 <= request.topk <= config.max_top_k:
+        raise HTTPException(status_code=422, detail=f"topk={request.topk} must be between "
+                            f"1 and max_top_k={config.max_top_k}")
+    for i, query in enumerate(request.queries):
+        if len(query) > config.max_query_chars:
+            raise HTTPException(status_code=422, detail=f"queries[{i}] has {len(query)} "
+                                f"characters, above max_query_chars={config.max_query_chars}")
+
+
+# --- loading and serving
+
+
+class _SerialEncoder(Encoder):
+    """Query encoding one call at a time: the fast tokenizer inside is not thread-safe (see
+    the module docstring); the faiss search after it runs concurrently."""
+
+    def __init__(self, config: IndexConfig) -> None:
+        super().__init__(config)
+        self._lock = threading.Lock()
+
+    def encode_queries(self, queries: Sequence[str]) -> FloatArray:
+        with self._lock:
+            return super().encode_queries(queries)
+
+
+def load_service_searcher(corpus_dir: Path, config: IndexConfig) -> tuple[LocalSearcher, bool]:
+    """(a searcher safe to call from several threads, whether it must run serialised
+    because its faiss index is on a GPU)."""
+    manifest = read_manifest(corpus_dir, directory=True) or {}
+    dense = "dense" in manifest.get("retrievers", ())
+    searcher = load_corpus_searcher(corpus_dir, config,
+                                    encoder=_SerialEncoder(config) if dense else None)
+    on_gpu = searcher.dense is not None and type(searcher.dense.index).__name__.startswith("Gpu")
+    return searcher, on_gpu
 
 
 def _is_loopback(host: str) -> bool:
@@ -108,12 +344,21 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _exit_with_parent() -> None:
+    """SIGTERM ourselves when the process that started us dies (even by SIGKILL), so a
+    crashed flow leaves no server holding the port."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
-    from pathlib import Path
-
     import uvicorn
-
-    from searchrl.retrieval.index_store import MAIN_CORPUS, load_corpus_searcher, resolve_corpus
 
     parser = argparse.ArgumentParser(description="Serve a built index over HTTP")
     parser.add_argument("--index-dir", type=Path, required=True,
@@ -123,6 +368,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=None, help="default: index.service_host")
     parser.add_argument("--port", type=int, default=None, help="default: index.service_port")
     parser.add_argument("--allow-remote-without-token", action="store_true")
+    parser.add_argument("--serialise", action="store_true",
+                        help="one search at a time (the pre-concurrency behaviour)")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="no line per request (use /stats)")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="stop when the starting process dies")
     parser.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides).index
@@ -132,12 +383,17 @@ def main(argv: list[str] | None = None) -> None:
     if not _is_loopback(host) and token is None and not args.allow_remote_without_token:
         raise SystemExit(f"refusing to serve on {host} without a token: set "
                          f"${config.service_token_env} (or pass --allow-remote-without-token)")
-    searcher = load_corpus_searcher(resolve_corpus(args.index_dir, args.corpus), config)
-    app = create_app(searcher, config, token, info={"passages": searcher.size,
-                                                    "retriever": searcher.retriever,
-                                                    "corpus": args.corpus})
-    logger.info("serving %d passages on %s:%d", searcher.size, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    if args.exit_with_parent:
+        _exit_with_parent()
+    searcher, on_gpu = load_service_searcher(resolve_corpus(args.index_dir, args.corpus), config)
+    app = create_app(searcher, config, token, serialise=args.serialise or on_gpu,
+                     info={"passages": searcher.size, "retriever": searcher.retriever,
+                           "corpus": args.corpus, "pid": os.getpid()})
+    logging.basicConfig(level=logging.INFO)
+    logger.info("serving %d passages on %s:%d (%s)", searcher.size, host, port,
+                "serialised" if args.serialise or on_gpu
+                else f"{config.service_workers} concurrent searches")
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=not args.no_access_log)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ class RolloutRecord:
     audit); `completion` is what rewards saw (policy-sampled text plus the template's forced
     `<answer>` opener, never prompt or information). `segments` are `(kind, start, end)` spans
     of `response_ids` (kind: sampled | info | glue | forced). `passages[i]` are the neutralised
-    passage texts returned for `queries[i]` (before token truncation).
+    passage texts returned for `queries[i]` (before token truncation), `retrieval_scores[i]`
+    the retriever's scores of those hits (`SearchHit.score`, best first; empty on a search
+    error; records written before the field existed load with none).
     """
 
     example_id: str
@@ -42,5 +44,6 @@ class RolloutRecord:
     completion: str = ""
     segments: list[tuple[str, int, int]] = field(default_factory=list)
     passages: list[list[str]] = field(default_factory=list)
+    retrieval_scores: list[list[float]] = field(default_factory=list)
     mode: str = "agentic"  # agentic | no_search | retrieve_once
     forced_answer: bool = False  # the template opened the answer (baselines, max_turns)

@@ -5,12 +5,22 @@ insert); never the prompt, never inserted `<information>` text. So an answer pla
 passage cannot score: it is not in the text these functions see.
 
 Shaped reward (Search-R1 with format reward, generalised to a graded answer score `a` in
-[0, 1], `a` = EM or token F1 per `reward.kind`):
+[0, 1], `a` = EM or token F1 per `reward.kind`). Each completion is scored under exactly one
+case, recorded in its parts (`forced`, `malformed`) so metrics can count them:
 
-    well-formed:  format_weight + (1 - format_weight) * a      (a=1 -> 1, a=0 -> format_weight)
-    malformed:    correct_bad_format * a                        (a=1 -> lambda, a=0 -> 0)
+    well-formed:      format_weight + (1 - format_weight) * a   (a=1 -> 1, a=0 -> format_weight)
+    forced answer:    forced_answer_scale * a     (the template opened `<answer>`, after
+                                                   max_turns or in a baseline mode; the rest is
+                                                   well-formed; no format credit)
+    malformed, by `reward.malformed`:
+        scale:        correct_bad_format * a      (a=1 -> lambda, a=0 -> 0)
+        forfeit:      0                           (Search-R1: the answer reward is forfeited)
+        penalty:      malformed_penalty           (in [-1, 0], whatever the answer)
     total = that - search_cost * n_searches                 (search_cost_applies_to: all)
-    total = that - a * search_cost * n_searches             (search_cost_applies_to: correct)
+    total = that - c * search_cost * n_searches             (search_cost_applies_to: correct)
+
+where `c` is the answer score the case credits: `a`, except 0 for forfeit / penalty, so a
+forfeited right answer never pays more for its searches than a wrong one.
 
 `is_correct` (binary normalised EM of the extracted answer) is kept separate: curriculum
 filtering and evaluation use it, never the shaped reward.
@@ -112,6 +122,8 @@ class RewardParts:
     format: float
     answered: float
     search_penalty: float
+    forced: float = 0.0  # 1.0: the template opened the answer (max_turns or baseline mode)
+    malformed: float = 0.0  # 1.0: scored under `reward.malformed` (the format check failed)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -121,23 +133,35 @@ def score(completion_text: str, golden_answers: Sequence[str], n_searches: int,
           reward_cfg: RewardConfig, *, forced_answer: bool = False) -> RewardParts:
     """The shaped reward of one completion (see the module docstring for the formula).
 
-    `forced_answer`: the template opened the answer (after `max_turns`), so the structure is
-    not the policy's own and earns no format credit.
+    `forced_answer`: the template opened the answer (after `max_turns`, or a baseline mode),
+    so the decision to answer is not the policy's own: it earns no format credit and is
+    scored as the forced case, unless the policy's part is malformed.
     """
     answer = extract_answer(completion_text)
     em = exact_match(answer, golden_answers) if answer is not None else 0.0
     f1_value = f1(answer, golden_answers) if answer is not None else 0.0
-    fmt = 0.0 if forced_answer else format_score(completion_text)
+    # The forced opener is part of the scored text, so the tag check still sees a whole
+    # `<answer>` block and judges what the policy wrote around it.
+    well_formed = format_score(completion_text) == 1.0
     graded = em if reward_cfg.kind == "em" else f1_value
-    if fmt == 1.0:
-        shaped = reward_cfg.format_weight + (1.0 - reward_cfg.format_weight) * graded
+    credited = graded
+    if not well_formed:
+        if reward_cfg.malformed == "scale":
+            shaped = reward_cfg.correct_bad_format * graded
+        else:
+            shaped = 0.0 if reward_cfg.malformed == "forfeit" else reward_cfg.malformed_penalty
+            credited = 0.0
+    elif forced_answer:
+        shaped = reward_cfg.forced_answer_scale * graded
     else:
-        shaped = reward_cfg.correct_bad_format * graded
+        shaped = reward_cfg.format_weight + (1.0 - reward_cfg.format_weight) * graded
     penalty = reward_cfg.search_cost * n_searches
     if reward_cfg.search_cost_applies_to == "correct":
-        penalty *= graded
-    return RewardParts(total=shaped - penalty, em=em, f1=f1_value, format=fmt,
-                       answered=float(answer is not None), search_penalty=penalty)
+        penalty *= credited
+    return RewardParts(total=shaped - penalty, em=em, f1=f1_value,
+                       format=float(well_formed and not forced_answer),
+                       answered=float(answer is not None), search_penalty=penalty,
+                       forced=float(forced_answer), malformed=float(not well_formed))
 
 
 def is_correct(completion_text: str, golden_answers: Sequence[str]) -> bool:

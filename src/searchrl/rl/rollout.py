@@ -73,6 +73,7 @@ class _Sample:
     queries: list[str] = field(default_factory=list)
     doc_ids: list[list[str]] = field(default_factory=list)
     passages: list[list[str]] = field(default_factory=list)
+    scores: list[list[float]] = field(default_factory=list)  # SearchHit.score per passage
     search_errors: int = 0
     final_turn: bool = False  # the template opened <answer>: this turn must answer
     forced_answer: bool = False
@@ -251,11 +252,13 @@ def _search_and_insert(rows: list[_Sample], queries: list[str], searcher: Search
             s.search_errors += 1
             s.doc_ids.append([])
             s.passages.append([])
+            s.scores.append([])
             body = format_search_error(error)
         else:
             row_hits = hits[i][:cfg.top_k]
             s.doc_ids.append([h.doc_id for h in row_hits])
             s.passages.append([format_passages([h]) for h in row_hits])
+            s.scores.append([float(h.score) for h in row_hits])
             body = format_passages(row_hits)
         _insert_information(s, body, cfg, glue)
 
@@ -295,6 +298,7 @@ def _to_record(s: _Sample, glue: _Glue, reward_cfg: RewardConfig, mode: Mode) ->
         completion=completion,
         segments=[(seg.kind, seg.start, seg.end) for seg in s.seq.segments],
         passages=s.passages, mode=mode, forced_answer=s.forced_answer,
+        retrieval_scores=s.scores,
     )
 
 
@@ -312,6 +316,8 @@ def rollout_metrics(records: Sequence[RolloutRecord]) -> dict[str, float]:
         "search_errors": float(errors),
         "search_error_rate": errors / searches if searches else 0.0,
         "format_rate": sum(r.reward_parts.get("format", 0.0) for r in records) / n,
+        "malformed_rate": sum(r.reward_parts.get("malformed", 0.0) for r in records) / n,
+        "forced_answer_rate": sum(r.reward_parts.get("forced", 0.0) for r in records) / n,
         "answer_rate": sum(r.answer is not None for r in records) / n,
         "em": sum(r.reward_parts.get("em", 0.0) for r in records) / n,
         "f1": sum(r.reward_parts.get("f1", 0.0) for r in records) / n,

@@ -38,8 +38,9 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -58,7 +59,8 @@ RUN_KEY_FILE = "run_key.json"
 # or evaluate); every other setting is part of the run's identity.
 OPERATIONAL_TRAIN_KEYS = frozenset({"steps", "checkpoint_every", "keep_checkpoints", "resume",
                                     "eval_every", "eval_questions", "max_nonfinite_steps",
-                                    "sft"})
+                                    "sft", "launch", "keep_best", "select_metric",
+                                    "select_mode"})
 
 
 class CheckpointError(RuntimeError):
@@ -323,3 +325,107 @@ def prepare_checkpoint_dir(root: Path, run_key: str, *, resume: bool) -> Path | 
         atomic_write_text(key_path, run_key)
     barrier()
     return found
+
+
+# --- the best policy by a dev metric (train.keep_best)
+#
+# Every improvement is saved as `<out>/best/step_NNNNNN/` (a policy + best.json); the trainer
+# state records the best so far, so a checkpoint knows its best. A best dir is kept while the
+# current state or a kept checkpoint names it: a kill after an improvement but before the
+# next checkpoint leaves a dir no checkpoint names, which the resume removes (the replayed
+# steps re-evaluate it), and the resumed best's own dir is still there. At the end the
+# selected one is copied to `<out>/best_policy/` (atomically, best.json inside).
+
+BEST_ROOT = "best"
+BEST_POLICY = "best_policy"
+BEST_FILE = "best.json"
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best dev evaluation so far: after `step` steps, `metric` was `value`."""
+
+    step: int
+    metric: str
+    mode: Literal["max", "min"]
+    value: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Best | None:
+        data = json.loads(text) if text else None
+        if not isinstance(data, dict):
+            return None
+        return cls(step=int(data["step"]), metric=str(data["metric"]),
+                   mode="min" if data["mode"] == "min" else "max", value=float(data["value"]))
+
+
+def improves(value: float, best: Best | None, mode: Literal["max", "min"]) -> bool:
+    """Strictly better than `best` (ties keep the earlier step); NaN never improves."""
+    if not np.isfinite(value):
+        return False
+    if best is None:
+        return True
+    return value > best.value if mode == "max" else value < best.value
+
+
+def best_dir(out_dir: Path, step: int) -> Path:
+    return Path(out_dir) / BEST_ROOT / f"{_PREFIX}{step:06d}"
+
+
+def write_best_file(policy_dir: Path, best: Best) -> None:
+    atomic_write_text(Path(policy_dir) / BEST_FILE, json.dumps(best.to_dict(), indent=2))
+
+
+def checkpoint_best(path: Path) -> Best | None:
+    """The best recorded in checkpoint `path`'s (rank 0) trainer state; None if none."""
+    state = _safe_load(Path(path) / state_file(0))
+    return Best.from_json(state.get("best")) if isinstance(state, dict) else None
+
+
+def prune_best(out_dir: Path, checkpoints: Path, current: Best | None,
+               upto: int | None = None) -> None:
+    """Remove every best dir neither `current` nor a kept checkpoint (of step <= `upto`, all
+    when None) names. Rank 0 only."""
+    root = Path(out_dir) / BEST_ROOT
+    if not root.is_dir():
+        return
+    keep = {current.step} if current is not None else set()
+    for ckpt in sorted(p for p in Path(checkpoints).glob(f"{_PREFIX}*") if p.is_dir()):
+        if upto is not None and int(ckpt.name.removeprefix(_PREFIX)) > upto:
+            continue
+        try:
+            named = checkpoint_best(ckpt)
+        except (CheckpointError, OSError, KeyError, ValueError) as exc:
+            log.warning("best policy pruning: cannot read %s (%s); kept its bests", ckpt, exc)
+            return
+        if named is not None:
+            keep.add(named.step)
+    for path in root.iterdir():
+        step = path.name.removeprefix(_PREFIX)
+        if path.name.startswith(_PREFIX) and step.isdigit() and int(step) in keep:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def publish_best(out_dir: Path, best: Best) -> Path:
+    """Copy best/step_N to `<out>/best_policy/` (temp sibling + rename); returns it."""
+    source = best_dir(out_dir, best.step)
+    if not source.is_dir():
+        raise CheckpointError(f"{source}: the best policy (step {best.step}) is missing")
+    final = Path(out_dir) / BEST_POLICY
+    tmp = final.with_name(f".{final.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(source, tmp)
+    write_best_file(tmp, best)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+

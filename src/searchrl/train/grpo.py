@@ -56,6 +56,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,10 +91,18 @@ from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch, rollout_metrics, run_rollouts
 from searchrl.sinks import MetricsSink, NullSink
 from searchrl.train.checkpoint import (
+    BEST_POLICY,
+    BEST_ROOT,
+    Best,
+    best_dir,
+    improves,
     load_checkpoint,
     prepare_checkpoint_dir,
+    prune_best,
+    publish_best,
     run_identity,
     save_checkpoint,
+    write_best_file,
 )
 from searchrl.train.demos import SearcherFactory, build_demos, corpus_documents, world_demos
 from searchrl.train.ds import (
@@ -134,6 +143,34 @@ class TrainResult:
     sft_seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     final_metrics: dict[str, float] = field(default_factory=dict)
+    # train.keep_best: the best dev evaluation and its policy (None: off, or never evaluated);
+    # `last_value` is `train.select_metric` at the last step, when it was evaluated.
+    best: Best | None = None
+    best_policy_dir: Path | None = None
+    last_value: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """The policy the train stage hands to evaluation and the registry, and why."""
+
+    policy_dir: Path
+    selection: Literal["best", "last"]
+    selected_step: int
+    selected_value: float | None
+    last_step: int
+    last_value: float | None
+    metric: str
+
+
+def choose_policy(result: TrainResult, tcfg: TrainConfig) -> PolicyChoice:
+    """The best dev evaluation's policy under `train.keep_best` (when there was one), else
+    the last step's; both steps and their `train.select_metric` recorded either way."""
+    last = (result.steps_done, result.last_value)
+    if tcfg.keep_best and result.best is not None and result.best_policy_dir is not None:
+        return PolicyChoice(result.best_policy_dir, "best", result.best.step, result.best.value,
+                            *last, tcfg.select_metric)
+    return PolicyChoice(result.policy_dir, "last", *last, *last, tcfg.select_metric)
 
 
 def seed_everything(seed: int) -> None:
@@ -281,6 +318,7 @@ class TrainerState:
     n_ranks: int
     start_step: int = 0
     skipped: int = 0
+    best: Best | None = None  # train.keep_best: the best dev evaluation so far (rank 0)
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     lead: bool = field(init=False)  # rank 0: logs, evaluates, saves
@@ -312,6 +350,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     """GRPO from the policy in `init_dir`; writes under `out_dir`:
 
         policy/          final policy (save_pretrained + tokenizer)
+        best_policy/     train.keep_best: the best dev evaluation's policy + best.json
+                         {step, metric, mode, value} (best/step_NNNNNN/ while training)
         checkpoints/     step_NNNNNN every `train.checkpoint_every` steps (+ at the end)
         metrics.jsonl    one JSON line per step (rewritten atomically each step)
         curve.png        the training curve
@@ -340,10 +380,13 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         # --- periodic difficulty re-estimate: retire questions the policy now always solves
         if _every(config.curriculum.reestimate_every, step) and step + 1 < end:
             metrics |= reestimate(state, step)
-        # --- eval (greedy, for the learning curve)
-        if state.lead and eval_examples and tcfg.eval_every and (
+        # --- eval (greedy, for the learning curve) and the best policy so far
+        if eval_examples and tcfg.eval_every and (
                 _every(tcfg.eval_every, step) or step + 1 == tcfg.steps):
-            metrics |= evaluate(state, eval_examples)
+            if state.lead:
+                metrics |= evaluate(state, eval_examples)
+            if tcfg.keep_best:
+                metrics |= keep_if_best(state, step + 1, metrics)
         # --- log
         log_step(state, step, metrics, seconds=time.perf_counter() - t0)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
@@ -407,8 +450,14 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
         sampler.load_state_dict(saved["sampler"])
         state.history = json.loads(saved["history"])
         state.losses = [h["loss"] for h in state.history if "loss" in h]
+        state.best = _resumed_best(state, Best.from_json(saved.get("best")))
         _sync_weights(generator, engine)
         log.info("resumed from %s (step %d)", ckpt, state.start_step)
+    elif state.lead:
+        shutil.rmtree(out_dir / BEST_ROOT, ignore_errors=True)  # another run's bests
+    if state.lead:
+        # Published again when this run finishes; until then it would be another run's.
+        shutil.rmtree(out_dir / BEST_POLICY, ignore_errors=True)
     state.sink.log_params({"train": tcfg.model_dump(mode="json"), "device": device,
                            "zero_stage": int(engine.zero_optimization_stage()),
                            "world_size": n_ranks, "resumed_from_step": state.start_step})
@@ -519,6 +568,57 @@ def evaluate(state: TrainerState, examples: Sequence[QAExample]) -> dict[str, fl
     return {f"dev_{k}": v for k, v in ev.items()} | {"dev_em": ev["em_all"]}
 
 
+def keep_if_best(state: TrainerState, done: int, metrics: dict[str, float]
+                 ) -> dict[str, float]:
+    """Save the policy as best/step_<done> when `train.select_metric` (rank 0's dev
+    evaluation in `metrics`) beats the best so far. Every rank calls it (the save gathers
+    ZeRO-3 weights); rank 0 decides and writes. Returns the best step and value to log."""
+    tcfg = state.config.train
+    metric, mode = tcfg.select_metric, tcfg.select_mode
+    value = metrics.get(metric, math.nan)
+    improved = missing = 0.0
+    if state.lead:
+        missing = float(metric not in metrics)
+        improved = float(improves(value, state.best, mode))
+    improved, missing = all_reduce([improved, missing], "max")
+    if missing:
+        raise TrainingError(f"train.select_metric={metric!r} is not among the dev metrics "
+                            f"({sorted(k for k in metrics if k.startswith('dev_'))})")
+    if improved:
+        target = best_dir(state.out_dir, done)
+        with full_parameters(state.engine):
+            if state.lead:
+                save_policy(state.engine.module, state.tokenizer, target)
+        if state.lead:
+            state.best = Best(step=done, metric=metric, mode=mode, value=value)
+            write_best_file(target, state.best)
+        barrier()
+    if state.best is None:
+        return {}
+    return {"best_step": float(state.best.step), "best_value": state.best.value}
+
+
+def _resumed_best(state: TrainerState, best: Best | None) -> Best | None:
+    """The checkpoint's best, if it still applies and its policy is on disk; best dirs that
+    no kept checkpoint up to the resumed step names are removed (rank 0)."""
+    tcfg = state.config.train
+    if not tcfg.keep_best:
+        return None
+    if best is not None and (best.metric, best.mode) != (tcfg.select_metric, tcfg.select_mode):
+        log.warning("the checkpoint's best is by %s (%s), train.select_metric/select_mode now "
+                    "say %s (%s): the best starts over", best.metric, best.mode,
+                    tcfg.select_metric, tcfg.select_mode)
+        best = None
+    if not state.lead:
+        return None
+    prune_best(state.out_dir, state.checkpoints, best, upto=state.start_step)
+    if best is not None and not best_dir(state.out_dir, best.step).is_dir():
+        log.warning("the best policy of step %d is missing under %s: the best starts over",
+                    best.step, state.out_dir / BEST_ROOT)
+        best = None
+    return best
+
+
 def log_step(state: TrainerState, step: int, metrics: dict[str, float], *,
              seconds: float) -> None:
     """Send the step's metrics to the sink and (rank 0) rewrite metrics.jsonl."""
@@ -532,29 +632,46 @@ def log_step(state: TrainerState, step: int, metrics: dict[str, float], *,
 
 
 def checkpoint(state: TrainerState, done: int) -> None:
-    """Checkpoint after `done` steps: engine, skip count, sampler state and history."""
+    """Checkpoint after `done` steps: engine, skip count, sampler state, history and the best
+    dev evaluation so far (then best dirs no kept checkpoint names are dropped)."""
     save_checkpoint(state.checkpoints, done, state.engine,
                     {"skipped": state.skipped, "sampler": state.sampler.state_dict(),
-                     "history": json.dumps(state.history)},
+                     "history": json.dumps(state.history),
+                     "best": json.dumps(state.best.to_dict() if state.best else None)},
                     keep=state.config.train.keep_checkpoints)
+    if state.lead and state.config.train.keep_best:
+        prune_best(state.out_dir, state.checkpoints, state.best)
 
 
 def finish(state: TrainerState, init_dir: Path, *, seconds: float) -> TrainResult:
     """Save the final policy and the curve once every step is done (rank 0), and report."""
+    tcfg = state.config.train
     steps_done = max([h["step"] for h in state.history], default=0)
     policy_dir = state.out_dir / "policy"
     curve: Path | None = None
-    if steps_done >= state.config.train.steps:
+    best_policy: Path | None = None
+    if steps_done >= tcfg.steps:
         with full_parameters(state.engine):
             if state.lead:
                 save_policy(state.engine.module, state.tokenizer, policy_dir)
         if state.lead:
             curve = plot_curve(state.history, state.out_dir / "curve.png")
+            if tcfg.keep_best and state.best is not None:
+                best_policy = publish_best(state.out_dir, state.best)
+            elif tcfg.keep_best:
+                log.warning("train.keep_best: no dev evaluation gave a finite %s (no dev "
+                            "questions?); the last step's policy is used", tcfg.select_metric)
         barrier()
+    last: dict[str, Any] = next(
+        (h for h in reversed(state.history) if h["step"] == steps_done), {})
+    last_value = last.get(tcfg.select_metric)
     return TrainResult(policy_dir=policy_dir, sft_dir=init_dir, metrics_path=state.metrics_path,
                        curve_path=curve, steps_done=steps_done, resumed_from=state.start_step,
                        skipped_steps=state.skipped, seconds=seconds, losses=state.losses,
-                       final_metrics=state.history[-1] if state.history else {})
+                       final_metrics=state.history[-1] if state.history else {},
+                       best=state.best if best_policy is not None else None,
+                       best_policy_dir=best_policy,
+                       last_value=float(last_value) if last_value is not None else None)
 
 
 def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,

@@ -1,0 +1,81 @@
+"""`index.mode=service` end to end under prefect_test_harness: the flow starts the retrieval
+server after build_index, curriculum / train / evaluate search through it, it stops with the
+flow; the greedy evaluation equals the same pipeline's in-process one."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.pipeline import pipeline
+from searchrl.eval.run import load_eval_result, read_question_results
+from searchrl.retrieval.service import check_port_free
+from searchrl.tracking import child_runs
+from tests.flows.test_pipeline_flow import FAST, STAGES
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def runs(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory
+         ) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("service_flow")
+    # BM25 only (no corpus embedding: minutes on 2 cores); retrieve_once searches every eval
+    # question whatever the 1-step policy does.
+    base = [*FAST, "index.eval_all_retrievers=false", "eval.baselines=[retrieve_once]",
+            f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}"]
+    port = free_port()
+    inprocess = pipeline(config_path="configs/tiny.yaml",
+                         overrides=[*base, f"run.work_dir={tmp / 'inprocess'}"])
+    service = pipeline(config_path="configs/tiny.yaml", overrides=[
+        *base, f"run.work_dir={tmp / 'service'}", "index.mode=service",
+        f"index.service_port={port}", f"index.service_url=http://127.0.0.1:{port}"])
+    return {"inprocess": inprocess, "service": service, "port": port,
+            "service_dir": tmp / "service" / "retrieval_service"}
+
+
+def _answers(result: dict[str, Any]) -> dict[str, Any]:
+    evaluation = load_eval_result(result["evaluation"].results_path)
+    out: dict[str, Any] = {}
+    for name, system in evaluation.systems.items():
+        questions = read_question_results(system.questions_path)
+        trajectories = [json.loads(line) for line in
+                        Path(system.trajectories_path).read_text().splitlines()]
+        out[name] = {"em": system.summary.em.mean,
+                     "answers": [(q.example_id, q.answer, q.em, q.searches, q.search_errors)
+                                 for q in questions],
+                     "retrieved": [t["retrieved_doc_ids"] for t in trajectories]}
+    return out
+
+
+def test_service_pipeline_evaluates_exactly_like_inprocess(runs: dict[str, Any]) -> None:
+    inprocess, service = _answers(runs["inprocess"]), _answers(runs["service"])
+    assert set(service) == set(inprocess) == {"trained", "retrieve_once"}
+    for name in inprocess:
+        assert service[name] == inprocess[name], name
+    assert all(errors == 0 for system in service.values()
+               for *_, errors in system["answers"])
+    assert all(service["retrieve_once"]["retrieved"])  # every question searched, and found
+
+
+def test_the_flow_ran_the_server_for_the_searching_stages_and_stopped_it(
+        runs: dict[str, Any]) -> None:
+    service = runs["service"]
+    children = child_runs(service["tracking_uri"], service["parent_run_id"])
+    assert {c["stage"] for c in children} == STAGES
+    assert all(c["status"] == "FINISHED" for c in children)
+    stats = json.loads((runs["service_dir"] / "stats.json").read_text())
+    assert stats["totals"]["queries"] > 0 and stats["totals"]["failed"] == 0
+    assert stats["totals"]["unauthorized"] == 0
+    check_port_free("127.0.0.1", runs["port"])  # stopped
+    # The generated token lived for the flow run only.
+    assert "SEARCHRL_RETRIEVER_TOKEN" not in os.environ

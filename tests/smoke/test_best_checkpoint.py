@@ -1,0 +1,122 @@
+"""train.keep_best on the real trainer (DeepSpeed CPU, tiny policy, the fixture's fake rollouts)
+with a scripted dev metric: the best evaluation's policy is kept (max and min, ties keep the
+earlier step), handed on instead of the last step's, and survives a kill + resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import searchrl.train.grpo as grpo
+from searchrl.config import PipelineConfig
+from searchrl.train.checkpoint import BEST_FILE, Best, best_dir
+from searchrl.train.grpo import TrainingError, choose_policy, train_grpo
+from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
+
+pytestmark = pytest.mark.smoke
+
+# Dev EM after each step: peaks at 3 and stays there (a tie), lowest at 1.
+DEV = {1: 0.3, 2: 0.5, 3: 0.6, 4: 0.6}
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_init_policy(tmp_path_factory.mktemp("init") / "policy")
+
+
+def scripted(values: dict[int, float]) -> Callable[..., dict[str, float]]:
+    """A dev evaluation reporting `values[step]` for the step just done."""
+    def evaluate(state: Any, examples: Any) -> dict[str, float]:
+        return {"dev_em": values[len(state.history) + 1], "dev_em_all": 0.0}
+    return evaluate
+
+
+def _config(tmp: Path, **train: Any) -> PipelineConfig:
+    return tiny_config(tmp, **({"eval_every": 1, "keep_best": True} | train))
+
+
+def _train(cfg: PipelineConfig, init_dir: Path, out: Path, **kwargs: Any) -> grpo.TrainResult:
+    return train_grpo(cfg, train_examples(), None, init_dir, out,  # type: ignore[arg-type]
+                      eval_examples=train_examples()[:2], rollout_fn=fake_rollouts,
+                      progress=False, **kwargs)
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Equal weights (a checkpoint also stores the tied lm_head that save_pretrained drops)."""
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    shared = x.keys() & y.keys()
+    return len(shared) >= len(x) - 1 and all(torch.equal(x[k], y[k]) for k in shared)
+
+
+@pytest.mark.parametrize(("mode", "step"), [("max", 3), ("min", 1)])
+def test_the_best_dev_step_is_kept_and_handed_on(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        mode: str, step: int) -> None:
+    monkeypatch.setattr(grpo, "evaluate", scripted(DEV))
+    cfg = _config(tmp_path, select_mode=mode, checkpoint_every=1, keep_checkpoints=4)
+    result = _train(cfg, init_dir, tmp_path / "out")
+    assert result.best == Best(step=step, metric="dev_em", mode=mode,  # type: ignore[arg-type]
+                               value=DEV[step])
+    best = tmp_path / "out" / "best_policy"
+    assert result.best_policy_dir == best
+    assert json.loads((best / BEST_FILE).read_text()) == {
+        "step": step, "metric": "dev_em", "mode": mode, "value": DEV[step]}
+    # The weights after that step (its checkpoint), not the last step's.
+    assert _same(best, tmp_path / "out" / "checkpoints" / f"step_{step:06d}")
+    assert not _same(best, tmp_path / "out" / "policy")
+    choice = choose_policy(result, cfg.train)
+    assert (choice.policy_dir, choice.selection, choice.selected_step) == (best, "best", step)
+    assert (choice.selected_value, choice.last_step, choice.last_value) == (DEV[step], 4, 0.6)
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().split("\n")
+            if x]
+    assert rows[-1]["best_step"] == step and rows[-1]["dev_em"] == DEV[4]
+
+
+def test_without_keep_best_the_last_policy_is_handed_on(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grpo, "evaluate", scripted(DEV))
+    cfg = _config(tmp_path, keep_best=False, steps=2)
+    result = _train(cfg, init_dir, tmp_path / "out")
+    assert result.best is None and not (tmp_path / "out" / "best_policy").exists()
+    choice = choose_policy(result, cfg.train)
+    assert (choice.selection, choice.policy_dir, choice.selected_step) == (
+        "last", tmp_path / "out" / "policy", 2)
+    assert choice.last_value == DEV[2]
+
+
+def test_an_unknown_select_metric_stops_with_the_valid_ones(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grpo, "evaluate", scripted(DEV))
+    cfg = _config(tmp_path, select_metric="dev_em_hop9", steps=1)
+    with pytest.raises(TrainingError, match=r"dev_em_hop9.*'dev_em', 'dev_em_all'"):
+        _train(cfg, init_dir, tmp_path / "out")
+
+
+def test_the_best_so_far_survives_a_kill_and_resume(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grpo, "evaluate", scripted(DEV))
+    cfg = _config(tmp_path, checkpoint_every=2)
+    full = _train(cfg, init_dir, tmp_path / "full")
+    assert full.best is not None and full.best.step == 3
+    part = tmp_path / "part"
+    first = _train(cfg, init_dir, part, stop_after=3)
+    assert first.best_policy_dir is None  # published only when the run is done
+    assert best_dir(part, 3).is_dir() and best_dir(part, 2).is_dir()
+    # Killed after step 3's best was saved but before its checkpoint was written.
+    shutil.rmtree(part / "checkpoints" / "step_000003")
+    # After the resume, step 3 evaluates lower than step 2's best (recorded in checkpoint 2).
+    monkeypatch.setattr(grpo, "evaluate", scripted(DEV | {3: 0.45, 4: 0.2}))
+    resumed = _train(cfg, init_dir, part)
+    assert resumed.resumed_from == 2
+    assert resumed.best == Best(step=2, metric="dev_em", mode="max", value=0.5)
+    assert not best_dir(part, 3).exists()  # the killed run's step-3 best is gone
+    # The kept policy is bit for bit the one after step 2 of an uninterrupted run.
+    assert resumed.best_policy_dir is not None
+    assert _same(resumed.best_policy_dir, tmp_path / "full" / "checkpoints" / "step_000002")

@@ -1,0 +1,126 @@
+"""The train stage through DeepSpeed's launcher (`train.launch.mode=deepspeed`): two gloo
+ranks on CPU, started by the stage exactly as `deepspeed --num_gpus 2` starts GPU ranks.
+
+- The Prefect flow with two launched ranks trains the same weights as the same two ranks
+  started by hand (RANK / WORLD_SIZE set, no launcher): the launcher adds nothing but the
+  processes. Rank 0 logs into the stage's MLflow child run.
+- kill -9 of one rank mid-run fails the stage with every rank's last lines in the error, and
+  the re-run resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flows.pipeline import pipeline
+from searchrl.tracking import child_runs
+from searchrl.train.launch import RANK_MARKER
+from tests.flows.test_pipeline_flow import FAST
+
+pytestmark = [pytest.mark.smoke, pytest.mark.slow]
+
+LAUNCH = ["train.launch.mode=deepspeed", "train.launch.ranks=2", "train.zero_stage=2",
+          "train.steps=2", "train.questions_per_step=2", "rollout.group_size=2"]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "searchrl", *args]
+
+
+def _weights(policy_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(policy_dir / "model.safetensors"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def launched(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[dict[str, Any], list[str]]:
+    tmp = tmp_path_factory.mktemp("launch")
+    overrides = [*FAST, *LAUNCH, f"run.work_dir={tmp / 'work'}",
+                 f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}"]
+    return pipeline(config_path="configs/tiny.yaml", overrides=overrides), overrides
+
+
+def test_the_flow_launches_ranks_that_train_like_hand_started_ranks(
+        launched: tuple[dict[str, Any], list[str]], tmp_path: Path) -> None:
+    result, overrides = launched
+    work = Path(result["dataset"].corpus_path).parents[2]
+    train = {c["stage"]: c for c in child_runs(result["tracking_uri"],
+                                               result["parent_run_id"])}["train_policy"]
+    assert train["status"] == "FINISHED" and train["metrics"]["steps"] == 2  # from rank 0
+    assert train["params"]["world_size"] == "2"
+    logs = sorted((work / "train_policy" / "launch" / "logs").glob("*/*_rank*.log"))
+    assert [p.name.rsplit("_", 1)[-1] for p in logs] == ["rank0.log", "rank1.log"]
+
+    # The same two ranks by hand, on a copy of the upstream stages, without the launcher.
+    copy = tmp_path / "work"
+    for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
+        shutil.copytree(work / stage, copy / stage)
+    shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
+    port = str(_free_port())
+    args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}"]
+    procs = [subprocess.Popen(
+        _cli(*args, f"--local_rank={r}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=os.environ | {RANK_MARKER: "1", "RANK": str(r), "LOCAL_RANK": str(r),
+                          "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                          "OMP_NUM_THREADS": "1"}) for r in (0, 1)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out.decode()[-3000:]
+    launched_w = _weights(Path(result["checkpoint"].policy_dir))
+    by_hand = _weights(copy / "train_policy" / "policy")
+    assert launched_w.keys() == by_hand.keys()
+    assert all(torch.equal(launched_w[k], by_hand[k]) for k in launched_w)
+
+
+def test_kill_9_of_a_rank_fails_the_stage_and_the_rerun_resumes(
+        launched: tuple[dict[str, Any], list[str]], tmp_path: Path) -> None:
+    result, overrides = launched
+    work = Path(result["dataset"].corpus_path).parents[2]
+    copy = tmp_path / "work"
+    for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
+        shutil.copytree(work / stage, copy / stage)
+    shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
+    args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}",
+            "train.steps=8", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
+    ckpts = copy / "train_policy" / "checkpoints"
+    stage = subprocess.Popen(_cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 600
+    while not (ckpts / "step_000002").is_dir():
+        assert stage.poll() is None, stage.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+        time.sleep(0.5)
+    rank1 = [p for p in psutil.Process(stage.pid).children(recursive=True)
+             if "--local_rank=1" in p.cmdline()]
+    assert len(rank1) == 1
+    rank1[0].kill()  # SIGKILL: no handler, no cleanup
+    _, err = stage.communicate(timeout=300)
+    assert stage.returncode != 0
+    assert "DeepSpeed launcher exited" in err and "rank1.log (last lines)" in err
+    assert "Re-running resumes" in err
+    assert not (copy / "train_policy" / "ref.json").exists()  # nothing marked complete
+
+    rerun = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed from" in rerun.stdout
+    assert (copy / "train_policy" / "ref.json").is_file()
+    steps = [int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")]
+    assert max(steps) == 8
