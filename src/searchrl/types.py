@@ -65,7 +65,23 @@ class SearchHit:
 
 
 @dataclass(frozen=True)
-class DatasetRef:
+class _StageOutput:
+    """What every reference carries (keyword-only, after the reference's own fields)."""
+
+    files: dict[str, str] = field(default_factory=dict, kw_only=True)
+    mlflow_run_id: str | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class _CostedOutput(_StageOutput):
+    """A stage that holds devices: its wall time and devices (ranks), priced by the gate."""
+
+    seconds: float = field(default=0.0, kw_only=True)
+    devices: int = field(default=1, kw_only=True)
+
+
+@dataclass(frozen=True)
+class DatasetRef(_StageOutput):
     """A validated dataset: split name -> file path (extra eval sets as `extra_eval:<name>`),
     the main corpus and the extra corpora (name -> path) the extra eval sets are searched in."""
 
@@ -75,45 +91,32 @@ class DatasetRef:
     corpus_fingerprint: str
     fingerprint: str
     extra_corpora: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
     report_path: str | None = None
 
 
 @dataclass(frozen=True)
-class IndexRef:
+class IndexRef(_StageOutput):
     index_dir: str
     fingerprint: str
     retriever: str
-    files: dict[str, str] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
 
 
 @dataclass(frozen=True)
-class CurriculumRef:
+class CurriculumRef(_CostedOutput):
     train_path: str
     fingerprint: str
     difficulty_path: str | None = None
     dropped_path: str | None = None
-    files: dict[str, str] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
-    # The stage's wall time and the devices (ranks) it held: its cost in the gate's report.
-    seconds: float = 0.0
-    devices: int = 1
 
 
 @dataclass(frozen=True)
-class CheckpointRef:
+class CheckpointRef(_CostedOutput):
     policy_dir: str
     fingerprint: str
     sft_dir: str | None = None
     metrics_path: str | None = None
+    # (`seconds` 0: not recorded; the gate then uses training_seconds)
     training_seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
-    # Stage wall time (0: not recorded; the gate then uses training_seconds) and ranks.
-    seconds: float = 0.0
-    devices: int = 1
     # Which policy `policy_dir` is (train.keep_best): "best", the best dev evaluation by
     # `select_metric`, or "last"; the last step's policy is `last_policy_dir` either way.
     selection: str = "last"
@@ -126,24 +129,18 @@ class CheckpointRef:
 
 
 @dataclass(frozen=True)
-class EvalRef:
+class EvalRef(_CostedOutput):
     results_path: str
     fingerprint: str
-    files: dict[str, str] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
-    seconds: float = 0.0
-    devices: int = 1
 
 
 @dataclass(frozen=True)
-class Decision:
+class Decision(_StageOutput):
     go: bool
     reasons: tuple[str, ...]
     report_html: str | None = None
     report_md: str | None = None
     figures: dict[str, float] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
 
     @property
     def label(self) -> Literal["GO", "NO-GO"]:

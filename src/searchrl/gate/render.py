@@ -303,36 +303,35 @@ def _grouped_bars(ax: Any, groups: dict[str, dict[str, Summary]], value: str) ->
     ax.legend(fontsize=7)
 
 
-def _plot_em_by_hops(r: ReportInputs) -> Figure:
+def _bars_figure(groups: dict[str, dict[str, Summary]], value: str, ylabel: str, title: str,
+                 empty: str) -> Figure:
+    """Grouped bars of `value` per system and group (a placeholder when there are none)."""
     fig = Figure(figsize=(6, 3.2))
     ax = fig.subplots()
-    _grouped_bars(ax, r.by_hops, "em")
-    ax.set_ylabel("exact match")
-    ax.set_ylim(0, 1)
-    ax.set_title("EM by hop count")
+    if not groups:
+        _placeholder(ax, empty)
+    else:
+        _grouped_bars(ax, groups, value)
+        ax.set_ylabel(ylabel)
+        if value == "em":
+            ax.set_ylim(0, 1)
+    ax.set_title(title)
     return fig
+
+
+def _plot_em_by_hops(r: ReportInputs) -> Figure:
+    return _bars_figure(r.by_hops, "em", "exact match", "EM by hop count", "no results")
 
 
 def _plot_searches(r: ReportInputs) -> Figure:
-    fig = Figure(figsize=(6, 3.2))
-    ax = fig.subplots()
-    _grouped_bars(ax, r.by_hops, "searches")
-    ax.set_ylabel("searches per question")
-    ax.set_title("Searches per question by hop count")
-    return fig
+    return _bars_figure(r.by_hops, "searches", "searches per question",
+                        "Searches per question by hop count", "no results")
 
 
 def _plot_em_by_confidence(r: ReportInputs) -> Figure:
-    fig = Figure(figsize=(6, 3.2))
-    ax = fig.subplots()
-    if not r.by_confidence:
-        _placeholder(ax, "no retrieval scores recorded")
-    else:
-        _grouped_bars(ax, r.by_confidence, "em")
-        ax.set_ylabel("exact match")
-        ax.set_ylim(0, 1)
-    ax.set_title("EM by retrieval confidence (first search's top-1 score)")
-    return fig
+    return _bars_figure(r.by_confidence, "em", "exact match",
+                        "EM by retrieval confidence (first search's top-1 score)",
+                        "no retrieval scores recorded")
 
 
 def _plot_training(r: ReportInputs) -> Figure:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -66,23 +66,29 @@ def load_training_curve(path: str | Path | None, metrics: tuple[str, ...]
     gate input. A missing file gives an empty curve (the plot says so).
     """
     curve: dict[str, list[tuple[int, float]]] = {}
+    for i, row in enumerate(_metric_rows(path)):
+        step = row.get("step", i)
+        for key, value in row.items():
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+            if any(key == m or key.endswith((f"/{m}", f".{m}")) for m in metrics):
+                curve.setdefault(key, []).append((int(step), float(value)))
+    return curve
+
+
+def _metric_rows(path: str | Path | None) -> Iterator[dict[str, Any]]:
+    """The JSON-object lines of the trainer's metrics JSONL (none when it is missing;
+    unreadable lines skipped: the report's context, never a reason to fail)."""
     if path is None or not Path(path).is_file():
-        return curve
+        return
     with Path(path).open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
+        for line in fh:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not isinstance(row, dict):
-                continue
-            step = row.get("step", i)
-            for key, value in row.items():
-                if not isinstance(value, int | float) or not math.isfinite(value):
-                    continue
-                if any(key == m or key.endswith((f"/{m}", f".{m}")) for m in metrics):
-                    curve.setdefault(key, []).append((int(step), float(value)))
-    return curve
+            if isinstance(row, dict):
+                yield row
 
 
 def choose_baseline(evaluation: EvalResult, wanted: str) -> tuple[str, list[str]]:
@@ -199,23 +205,14 @@ def training_volume(path: str | Path | None) -> TrainingVolume:
     """Steps done (the highest `step`) and summed tokens; None for what the file lacks."""
     steps: int | None = None
     tokens: float | None = None
-    if path is None or not Path(path).is_file():
-        return TrainingVolume(None, None)
-    with Path(path).open(encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(row, dict):
-                continue
-            step = row.get("step")
-            if isinstance(step, int | float) and math.isfinite(step):
-                steps = max(steps or 0, int(step))
-            for key in ("rollout_tokens", "update_tokens"):
-                value = row.get(key)
-                if isinstance(value, int | float) and math.isfinite(value):
-                    tokens = (tokens or 0.0) + float(value)
+    for row in _metric_rows(path):
+        step = row.get("step")
+        if isinstance(step, int | float) and math.isfinite(step):
+            steps = max(steps or 0, int(step))
+        for key in ("rollout_tokens", "update_tokens"):
+            value = row.get(key)
+            if isinstance(value, int | float) and math.isfinite(value):
+                tokens = (tokens or 0.0) + float(value)
     return TrainingVolume(steps, tokens)
 
 

@@ -119,3 +119,14 @@ def sample_next(logits: Tensor, params: SamplingParams,
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     tokens = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def row_limits(n: int, params: SamplingParams, limits: Sequence[int] | None) -> list[int]:
+    """Per-context token limits: `limits` capped by `params.max_new_tokens` (validated)."""
+    if limits is None:
+        return [params.max_new_tokens] * n
+    if len(limits) != n:
+        raise ValueError(f"{len(limits)} limits for {n} contexts")
+    if min(limits, default=1) < 1:
+        raise ValueError(f"every limit must be >= 1 (got {min(limits)})")
+    return [min(params.max_new_tokens, int(x)) for x in limits]

@@ -41,6 +41,7 @@ from searchrl.generation.base import (
     GenerationOutput,
     SamplingParams,
     StopChecker,
+    row_limits,
     sample_next,
 )
 
@@ -52,16 +53,6 @@ class _CacheState:
     attention: Tensor  # [N, W] 1 where the cache slot holds a real token of that row
     next_pos: list[int]  # per row: position id of the next real token
     cached: list[list[int]] = field(default_factory=list)  # per row: ids whose KV is cached
-
-
-def _row_limits(n: int, params: SamplingParams, limits: Sequence[int] | None) -> list[int]:
-    if limits is None:
-        return [params.max_new_tokens] * n
-    if len(limits) != n:
-        raise ValueError(f"{len(limits)} limits for {n} contexts")
-    if min(limits, default=1) < 1:
-        raise ValueError(f"every limit must be >= 1 (got {min(limits)})")
-    return [min(params.max_new_tokens, int(x)) for x in limits]
 
 
 class _HFBackend:
@@ -111,17 +102,17 @@ class HFGenerator(_HFBackend):
             return []
         if keys is not None and (len(keys) != n or len(set(keys)) != n):
             raise ValueError(f"keys must be {n} distinct names, one per context (got {keys})")
-        row_limits = _row_limits(n, params, limits)
+        limits_per_row = row_limits(n, params, limits)
         ctx = [[int(t) for t in c] for c in contexts]
         if any(not c for c in ctx):
             raise ValueError("every context needs at least one token")
         max_ctx = self.max_context_tokens
         if max_ctx is not None:
-            too_long = [i for i, c in enumerate(ctx) if len(c) + row_limits[i] > max_ctx]
+            too_long = [i for i, c in enumerate(ctx) if len(c) + limits_per_row[i] > max_ctx]
             if too_long:
                 i = too_long[0]
                 raise ValueError(
-                    f"row {i}: context {len(ctx[i])} + {row_limits[i]} new tokens exceeds the "
+                    f"row {i}: context {len(ctx[i])} + {limits_per_row[i]} new tokens exceeds the "
                     f"model's {max_ctx} positions; lower rollout.max_response_tokens or the limit")
         was_training = self.model.training
         self.model.train(False)
@@ -132,7 +123,7 @@ class HFGenerator(_HFBackend):
                                                for i, c in enumerate(ctx)])
             else:
                 state, logits = self._prefill_shared(state, ctx)
-            outputs = self._decode(state, logits, params, row_limits, seed)
+            outputs = self._decode(state, logits, params, limits_per_row, seed)
         finally:
             self.model.train(was_training)
         self._state = state if (self.reuse_cache and keys is not None) else None
@@ -226,8 +217,8 @@ class HFGenerator(_HFBackend):
         return fanned, logits.index_select(0, index)
 
     def _decode(self, state: _CacheState, logits: Tensor, params: SamplingParams,
-                row_limits: list[int], seed: int) -> list[GenerationOutput]:
-        n = len(row_limits)
+                limits: list[int], seed: int) -> list[GenerationOutput]:
+        n = len(limits)
         stop = StopChecker(self._tok, params.stop)
         eos = int(self._tok.eos_token_id)
         pad = int(self._tok.pad_token_id)
@@ -248,7 +239,7 @@ class HFGenerator(_HFBackend):
                     finish[i] = "eos"
                 elif stop.hit(tokens[i]):
                     finish[i] = "stop"
-                elif len(tokens[i]) >= row_limits[i]:
+                elif len(tokens[i]) >= limits[i]:
                     finish[i] = "length"
                 else:
                     alive[i] = True
@@ -302,7 +293,7 @@ class HFFullContextGenerator(_HFBackend):
     def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams, *,
                  keys: Sequence[str] | None = None, limits: Sequence[int] | None = None,
                  seed: int = 0) -> list[GenerationOutput]:
-        row_limits = _row_limits(len(contexts), params, limits)
+        limits_per_row = row_limits(len(contexts), params, limits)
         checker = StopChecker(self._tok, params.stop)
         eos = int(self._tok.eos_token_id)
         was_training = self.model.training
@@ -319,7 +310,7 @@ class HFFullContextGenerator(_HFBackend):
                 )
                 out: Any = cast(Any, self.model).generate(
                     input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                    max_new_tokens=row_limits[i], eos_token_id=eos,
+                    max_new_tokens=limits_per_row[i], eos_token_id=eos,
                     pad_token_id=int(self._tok.pad_token_id),
                     stopping_criteria=StoppingCriteriaList(
                         [_TextStop(checker, input_ids.shape[1])]),

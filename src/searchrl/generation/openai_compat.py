@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,9 +42,13 @@ import httpx
 from transformers import PreTrainedTokenizerBase
 
 from searchrl.config import FrontierConfig
-from searchrl.generation.base import FinishReason, GenerationOutput, SamplingParams
-
-_RETRY_STATUS = frozenset({408, 429})
+from searchrl.generation.base import (
+    FinishReason,
+    GenerationOutput,
+    SamplingParams,
+    row_limits,
+)
+from searchrl.httpx_helpers import error_detail, send_with_retries
 
 
 class EndpointError(RuntimeError):
@@ -146,20 +149,15 @@ class OpenAICompatGenerator:
     def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams, *,
                  keys: Sequence[str] | None = None, limits: Sequence[int] | None = None,
                  seed: int = 0) -> list[GenerationOutput]:
-        n = len(contexts)
-        if n == 0:
+        if not contexts:
             return []
-        if limits is not None and len(limits) != n:
-            raise ValueError(f"{len(limits)} limits for {n} contexts")
-        row_limits = [min(params.max_new_tokens, int(x))
-                      for x in (limits if limits is not None else [params.max_new_tokens] * n)]
-        if min(row_limits) < 1:
-            raise ValueError(f"every limit must be >= 1 (got {min(row_limits)})")
+        n = len(contexts)
+        limits_per_row = row_limits(n, params, limits)
         row_keys = list(keys) if keys is not None else [str(i) for i in range(n)]
         texts = [self._context_text(c) for c in contexts]
         workers = max(1, min(self.config.concurrency, n))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="frontier") as pool:
-            futures = [pool.submit(self._complete, texts[i], params, row_limits[i], seed + i)
+            futures = [pool.submit(self._complete, texts[i], params, limits_per_row[i], seed + i)
                        for i in range(n)]
             # .result() re-raises the first failure; the pool waits for the rest on exit.
             answers = [f.result() for f in futures]
@@ -169,7 +167,7 @@ class OpenAICompatGenerator:
                 used.prompt_tokens += answer.prompt_tokens
                 used.completion_tokens += answer.completion_tokens
                 used.requests += 1
-        return [self._to_output(texts[i], answers[i], params, row_limits[i]) for i in range(n)]
+        return [self._to_output(texts[i], answers[i], params, limits_per_row[i]) for i in range(n)]
 
     # --- text in, text out
 
@@ -223,35 +221,27 @@ class OpenAICompatGenerator:
 
     def _post(self, path: str, payload: dict[str, Any]) -> Any:
         cfg = self.config
-        last = ""
-        wait = 0.0  # the server's Retry-After, if it sent one
-        for attempt in range(cfg.retries + 1):
-            if attempt:
-                time.sleep(max(cfg.backoff_s * 2 ** (attempt - 1), wait))
-            wait = 0.0
-            self._reserve()
-            try:
-                resp = self._http.post(path, json=payload)
-            except httpx.TransportError as exc:  # refused, reset, DNS, timeouts
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code in _RETRY_STATUS or resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {_detail(resp)}"
-                wait = min(_retry_after(resp), cfg.timeout_s)
-                continue
-            if resp.status_code >= 400:
-                hint = (f"; check ${cfg.api_key_env}" if resp.status_code in (401, 403)
-                        and cfg.api_key_env else "")
-                raise EndpointError(f"frontier endpoint {self.url}{path} rejected the request: "
-                                    f"HTTP {resp.status_code}: {_detail(resp)}{hint}")
-            try:
-                return resp.json()
-            except ValueError as exc:
-                raise EndpointError(f"frontier endpoint {self.url}{path}: answer is not JSON"
-                                    ) from exc
-        raise EndpointError(
-            f"frontier endpoint {self.url}{path} failed after {cfg.retries + 1} attempts "
-            f"({last}); is the server running and eval.frontier.base_url right?")
+
+        def send() -> httpx.Response:
+            self._reserve()  # every attempt counts against the request budget
+            return self._http.post(path, json=payload)
+
+        resp, last = send_with_retries(send, retries=cfg.retries, backoff_s=cfg.backoff_s,
+                                       max_wait_s=cfg.timeout_s)
+        if resp is None:
+            raise EndpointError(
+                f"frontier endpoint {self.url}{path} failed after {cfg.retries + 1} attempts "
+                f"({last}); is the server running and eval.frontier.base_url right?")
+        if resp.status_code >= 400:
+            hint = (f"; check ${cfg.api_key_env}" if resp.status_code in (401, 403)
+                    and cfg.api_key_env else "")
+            raise EndpointError(f"frontier endpoint {self.url}{path} rejected the request: "
+                                f"HTTP {resp.status_code}: {error_detail(resp)}{hint}")
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise EndpointError(f"frontier endpoint {self.url}{path}: answer is not JSON"
+                                ) from exc
 
 
 class _Missing:
@@ -303,24 +293,3 @@ def _parse_answer(data: Any, where: str) -> _Answer:
     return _Answer(text=text, finish=choice.get("finish_reason"),
                    stop_reason=choice.get("stop_reason", MISSING),
                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    """Retry-After in seconds (0 when absent or an HTTP date)."""
-    try:
-        value = float(resp.headers.get("retry-after", "0"))
-    except ValueError:
-        return 0.0
-    return value if math.isfinite(value) and value > 0 else 0.0
-
-
-def _detail(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:300]
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", body["error"]))[:300]
-    if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])[:300]
-    return str(body)[:300]

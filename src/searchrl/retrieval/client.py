@@ -12,21 +12,18 @@ never returned as an empty result. Hit texts are neutralised (rollout tags escap
 
 from __future__ import annotations
 
-import math
 import os
 import socket
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from searchrl.config import IndexConfig
+from searchrl.httpx_helpers import error_detail, send_with_retries
 from searchrl.retrieval.base import SearchError
 from searchrl.rl.prompts import neutralize_tags
 from searchrl.types import SearchHit
-
-_RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
 class RetrievalClient:
@@ -57,32 +54,22 @@ class RetrievalClient:
         self._http.close()
 
     def _request(self, method: str, path: str, json: Any = None) -> Any:
-        last: str = ""
-        wait = 0.0  # the server's Retry-After, if it sent one
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(max(self.backoff_s * 2 ** (attempt - 1), wait))
-            wait = 0.0
-            try:
-                resp = self._http.request(method, path, json=json)
-            except httpx.TransportError as exc:  # refused, reset, DNS, timeouts
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code in _RETRY_STATUS or resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {_detail(resp)}"
-                wait = min(_retry_after(resp), self.max_wait_s)
-                continue
-            if resp.status_code >= 400:
-                raise SearchError(f"retrieval service {self.url}{path} rejected the request: "
-                                  f"HTTP {resp.status_code}: {_detail(resp)}")
-            try:
-                return resp.json()
-            except ValueError as exc:
-                raise SearchError(f"retrieval service {self.url}{path}: answer is not JSON"
-                                  ) from exc
-        raise SearchError(f"retrieval service {self.url}{path} failed after {self.retries + 1} "
-                          f"attempts ({last}); is it running? start it with "
-                          "`python -m searchrl.retrieval.server --index-dir DIR --config CFG`")
+        resp, last = send_with_retries(lambda: self._http.request(method, path, json=json),
+                                       retries=self.retries, backoff_s=self.backoff_s,
+                                       max_wait_s=self.max_wait_s)
+        if resp is None:
+            raise SearchError(f"retrieval service {self.url}{path} failed after "
+                              f"{self.retries + 1} attempts ({last}); is it running? start it "
+                              "with `python -m searchrl.retrieval.server --index-dir DIR "
+                              "--config CFG`")
+        if resp.status_code >= 400:
+            raise SearchError(f"retrieval service {self.url}{path} rejected the request: "
+                              f"HTTP {resp.status_code}: {error_detail(resp)}")
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise SearchError(f"retrieval service {self.url}{path}: answer is not JSON"
+                              ) from exc
 
     def health(self) -> dict[str, Any]:
         data = self._request("GET", "/health")
@@ -118,22 +105,3 @@ def _hit(item: dict[str, Any]) -> SearchHit:
 def default_client_id() -> str:
     rank = os.environ.get("RANK")
     return f"{socket.gethostname()}:{os.getpid()}" + (f":rank{rank}" if rank else "")
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    """Retry-After in seconds (0 when absent or an HTTP date, which our server never sends)."""
-    try:
-        value = float(resp.headers.get("retry-after", "0"))
-    except ValueError:
-        return 0.0
-    return value if math.isfinite(value) and value > 0 else 0.0
-
-
-def _detail(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:300]
-    if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])[:300]
-    return str(body)[:300]

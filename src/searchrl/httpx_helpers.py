@@ -1,0 +1,60 @@
+"""What every HTTP client here reads off an error response (the retrieval client and the
+frontier endpoint client): how long the server asks us to wait, and its error message."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import httpx
+
+
+def retry_after(resp: httpx.Response) -> float:
+    """Retry-After in seconds (0 when absent or an HTTP date)."""
+    try:
+        value = float(resp.headers.get("retry-after", "0"))
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def error_detail(resp: httpx.Response) -> str:
+    """The error message of a FastAPI (`detail`) or OpenAI-style (`error.message`) body."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300]
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", body["error"]))[:300]
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])[:300]
+    return str(body)[:300]
+
+
+# Worth another attempt: rate limited, timed out at the server, or a server-side error (5xx).
+RETRY_STATUS = frozenset({408, 429})
+
+
+def send_with_retries(send: Callable[[], httpx.Response], *, retries: int, backoff_s: float,
+                      max_wait_s: float) -> tuple[httpx.Response | None, str]:
+    """Call `send` up to `retries + 1` times, backing off exponentially (at least the server's
+    Retry-After, at most `max_wait_s` of it) on transport errors, 408/429 and 5xx. Returns the
+    first answer worth reading (any other status), or (None, the last error) when every
+    attempt failed."""
+    last, wait = "", 0.0
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(max(backoff_s * 2 ** (attempt - 1), wait))
+        wait = 0.0
+        try:
+            resp = send()
+        except httpx.TransportError as exc:  # refused, reset, DNS, timeouts
+            last = f"{type(exc).__name__}: {exc}"
+            continue
+        if resp.status_code in RETRY_STATUS or resp.status_code >= 500:
+            last = f"HTTP {resp.status_code}: {error_detail(resp)}"
+            wait = min(retry_after(resp), max_wait_s)
+            continue
+        return resp, last
+    return None, last
