@@ -43,3 +43,15 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield None
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op torch thread for a module (`pytest.mark.usefixtures`): on a shared,
+    oversubscribed CPU it is several times faster than the default pool."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -36,7 +37,7 @@ def error_detail(resp: httpx.Response) -> str:
 RETRY_STATUS = frozenset({408, 429})
 
 
-def send_with_retries(send: Callable[[], httpx.Response], *, retries: int, backoff_s: float,
+def _send_with_retries(send: Callable[[], httpx.Response], *, retries: int, backoff_s: float,
                       max_wait_s: float) -> tuple[httpx.Response | None, str]:
     """Call `send` up to `retries + 1` times, backing off exponentially (at least the server's
     Retry-After, at most `max_wait_s` of it) on transport errors, 408/429 and 5xx. Returns the
@@ -58,3 +59,23 @@ def send_with_retries(send: Callable[[], httpx.Response], *, retries: int, backo
             continue
         return resp, last
     return None, last
+
+
+def request_json(send: Callable[[], httpx.Response], *, retries: int, backoff_s: float,
+                 max_wait_s: float, where: str, error: type[Exception], unreachable: str,
+                 auth_hint: str = "") -> Any:
+    """The JSON answer of `send` with retries as `_send_with_retries` does them; otherwise
+    `error` naming `where`: every attempt failed (with the `unreachable` advice), the server
+    rejected the request (4xx, with `auth_hint` on 401/403), or the answer is not JSON."""
+    resp, last = _send_with_retries(send, retries=retries, backoff_s=backoff_s,
+                                    max_wait_s=max_wait_s)
+    if resp is None:
+        raise error(f"{where} failed after {retries + 1} attempts ({last}); {unreachable}")
+    if resp.status_code >= 400:
+        hint = auth_hint if resp.status_code in (401, 403) else ""
+        raise error(f"{where} rejected the request: HTTP {resp.status_code}: "
+                    f"{error_detail(resp)}{hint}")
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise error(f"{where}: answer is not JSON") from exc

@@ -11,7 +11,6 @@ each backward, a collective every rank must join. With PPO mini-batches
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,15 +21,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.faults.test_trainer_faults import DRIVER, RUN_TIMEOUT_S, _env
+from tests.helpers import free_port
 from tests.train_fixture import build_init_policy
 
 pytestmark = pytest.mark.smoke
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 MINIBATCH_DRIVER = DRIVER.with_name("_minibatch_driver.py")
@@ -39,7 +33,7 @@ MINIBATCH_DRIVER = DRIVER.with_name("_minibatch_driver.py")
 def _launch(init: Path, out: Path, trace: Path, *extra: str, driver: Path = DRIVER
             ) -> list[dict[str, Any]]:
     """Both ranks of one run; each one's result JSON (rank order)."""
-    port = str(_free_port())
+    port = str(free_port())
     procs, logs = [], []
     for rank in (0, 1):
         env = _env() | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",

@@ -36,13 +36,7 @@ ROLLOUT = RolloutConfig(max_turns=2, max_new_tokens_per_turn=14, max_response_to
                         top_k=1, info_token_budget=300)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # On a shared, oversubscribed CPU one intra-op thread is several times faster.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

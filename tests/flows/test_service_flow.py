@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,7 @@ from searchrl.eval.run import load_eval_result, read_question_results
 from searchrl.retrieval.service import check_port_free
 from searchrl.tracking import child_runs
 from tests.flows.test_pipeline_flow import FAST, STAGES
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import free_port
 
 
 @pytest.fixture(scope="module")

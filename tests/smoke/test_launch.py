@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from flows.pipeline import pipeline
 from searchrl.tracking import child_runs
 from searchrl.train.launch import RANK_MARKER
 from tests.flows.test_pipeline_flow import FAST
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.smoke, pytest.mark.slow]
 
@@ -41,12 +41,6 @@ def _cli(*args: str) -> list[str]:
 
 def _weights(policy_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(policy_dir / "model.safetensors"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +68,7 @@ def test_the_flow_launches_ranks_that_train_like_hand_started_ranks(
     for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
         shutil.copytree(work / stage, copy / stage)
     shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
-    port = str(_free_port())
+    port = str(free_port())
     args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}"]
     procs = [subprocess.Popen(
         _cli(*args, f"--local_rank={r}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

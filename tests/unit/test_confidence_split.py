@@ -35,9 +35,9 @@ from searchrl.eval.run import (
 from searchrl.gate.payback import StageCost
 from searchrl.gate.render import render_html, render_markdown
 from searchrl.gate.report import build_gate
-from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.records import RolloutRecord
 from searchrl.types import QAExample, SearchHit
+from tests.helpers import save_tiny_policy
 
 DOCS = {"d1": "Acme was founded by Bob Smith.", "d2": "Bob Smith was born in Zorvik."}
 
@@ -52,14 +52,7 @@ class ScoredSearcher:
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = PipelineConfig()
-    tok = train_tokenizer(list(DOCS.values()) * 5, vocab_size=300)
-    model = build_tiny_model(cfg.model.tiny.model_copy(update={"n_layer": 1, "n_embd": 32,
-                                                                 "n_head": 2}), tok)
-    out = tmp_path_factory.mktemp("policy")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_policy(DOCS.values(), tmp_path_factory.mktemp("policy"))
 
 
 def _config(**eval_cfg: object) -> PipelineConfig:

@@ -8,9 +8,7 @@ accuracy condition; a dead endpoint and a missing key fail with the fix in the m
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -19,8 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
-import uvicorn
 from fastapi import Body, FastAPI, Header, HTTPException
 from transformers import PreTrainedTokenizerBase
 
@@ -41,6 +37,7 @@ from searchrl.generation.openai_compat import (
 from searchrl.rl.prompts import STOP_STRINGS
 from searchrl.train.sft import save_policy
 from searchrl.types import QAExample, SearchHit
+from tests.helpers import free_port, serving
 from tests.tagged_policy import WORDS, demo_tokenizer, searching_model
 
 ROLLOUT = {"max_turns": 2, "max_new_tokens_per_turn": 14, "max_response_tokens": 400,
@@ -67,18 +64,7 @@ class WordSearcher:
         return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # several times faster on a shared, oversubscribed CPU
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -166,30 +152,13 @@ class CompletionServer:
                           "total_tokens": len(ids) + len(out.token_ids)}}
 
 
-@contextlib.contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def endpoint(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[tuple[str, CompletionServer]]:
     config = _config(tmp_path_factory.mktemp("server"))
     server = CompletionServer(make_generator(config, policy_dir=policy_dir))
     with serving(server.app) as url:
-        yield url, server
+        yield f"{url}/v1", server
 
 
 def _evaluate(config: PipelineConfig, policy_dir: Path, out: Path) -> EvalResult:
@@ -290,7 +259,7 @@ def test_the_key_comes_from_the_named_environment_variable(
     server = CompletionServer(make_generator(base, policy_dir=policy_dir), api_key="s3cret")
     monkeypatch.delenv("SEARCHRL_TEST_FRONTIER_KEY", raising=False)
     with serving(server.app) as url:
-        config = _config(tmp_path, base_url=url, api_key_env="SEARCHRL_TEST_FRONTIER_KEY")
+        config = _config(tmp_path, base_url=f"{url}/v1", api_key_env="SEARCHRL_TEST_FRONTIER_KEY")
         assert config.eval.frontier is not None
         with pytest.raises(EndpointError, match=r"\$SEARCHRL_TEST_FRONTIER_KEY is not set"):
             make_generator(config, tokenizer=tok, frontier=config.eval.frontier)

@@ -17,14 +17,7 @@ from searchrl.rl.rollout import run_rollouts
 from searchrl.types import QAExample, SearchHit
 from tests.tagged_policy import WORDS, demo_tokenizer, searching_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():  # type: ignore[no-untyped-def]
-    # On a shared, oversubscribed CPU one intra-op thread is several times faster.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from searchrl.config import PipelineConfig
 from searchrl.data.io import read_manifest, write_jsonl
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems
 from searchrl.eval.run import RESULTS_FILE, evaluate, load_eval_result, read_question_results
-from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.retrieval.index_store import build_indexes
 from searchrl.sinks import NullSink
 from searchrl.stages import StageInputError, evaluate_policy
 from searchrl.types import CheckpointRef, DatasetRef, IndexRef, QAExample, SearchHit
+from tests.helpers import RecordingSink, save_tiny_policy
 
 DOCS = {"d1": "Acme was founded by Bob Smith.", "d2": "Bob Smith was born in Zorvik.",
         "d3": "Zorvik is a city located in Brelia."}
@@ -38,14 +38,7 @@ class FakeSearcher:
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cfg = PipelineConfig()
-    tok = train_tokenizer(list(DOCS.values()) * 5, vocab_size=300)
-    model = build_tiny_model(cfg.model.tiny.model_copy(update={"n_layer": 1, "n_embd": 32,
-                                                                 "n_head": 2}), tok)
-    out = tmp_path_factory.mktemp("policy")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_policy(DOCS.values(), tmp_path_factory.mktemp("policy"))
 
 
 def _config() -> PipelineConfig:
@@ -111,15 +104,6 @@ def test_plan_systems_skips_what_cannot_run_with_a_note() -> None:
         ("no_search", "S", "no_search"), ("sft", "S", "agentic"), ("champion", "C", "agentic"),
         ("base_agentic", "random-init:S", "agentic"), (TRAINED, "P", "agentic")]
     assert notes == []
-
-
-class RecordingSink(NullSink):
-    def __init__(self) -> None:
-        self.metrics: dict[str, float] = {}
-
-    def log_metrics(self, metrics: object, step: int | None = None) -> None:
-        assert isinstance(metrics, dict)
-        self.metrics.update(metrics)
 
 
 def _retrieved(trajectories: Path) -> set[str]:

@@ -5,7 +5,6 @@ trip; the managed subprocess (retrieval/service.py) over a real index."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -17,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from searchrl.config import IndexConfig
@@ -36,6 +34,7 @@ from searchrl.retrieval.server import (
 from searchrl.retrieval.service import ServiceError, check_port_free, check_service, serve_index
 from searchrl.sinks import NullSink
 from searchrl.types import SearchHit
+from tests.helpers import free_port, serving
 
 CONFIG = IndexConfig(max_batch=4, max_top_k=5, max_query_chars=50)
 
@@ -62,12 +61,6 @@ def fake() -> FakeSearcher:
 @pytest.fixture
 def api(fake: FakeSearcher) -> TestClient:
     return TestClient(create_app(fake, CONFIG, info={"passages": 7}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- service
@@ -241,23 +234,6 @@ class SlowSearcher:
         time.sleep(self.delay_s)
         self.spans.append((start, time.perf_counter()))
         return [[SearchHit(f"{q}#0", None, q, 1.0)] for q in queries]
-
-
-@contextlib.contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _post_in_threads(url: str, n: int) -> list[int]:

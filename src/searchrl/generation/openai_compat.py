@@ -48,7 +48,7 @@ from searchrl.generation.base import (
     SamplingParams,
     row_limits,
 )
-from searchrl.httpx_helpers import error_detail, send_with_retries
+from searchrl.httpx_helpers import request_json
 
 
 class EndpointError(RuntimeError):
@@ -226,22 +226,11 @@ class OpenAICompatGenerator:
             self._reserve()  # every attempt counts against the request budget
             return self._http.post(path, json=payload)
 
-        resp, last = send_with_retries(send, retries=cfg.retries, backoff_s=cfg.backoff_s,
-                                       max_wait_s=cfg.timeout_s)
-        if resp is None:
-            raise EndpointError(
-                f"frontier endpoint {self.url}{path} failed after {cfg.retries + 1} attempts "
-                f"({last}); is the server running and eval.frontier.base_url right?")
-        if resp.status_code >= 400:
-            hint = (f"; check ${cfg.api_key_env}" if resp.status_code in (401, 403)
-                    and cfg.api_key_env else "")
-            raise EndpointError(f"frontier endpoint {self.url}{path} rejected the request: "
-                                f"HTTP {resp.status_code}: {error_detail(resp)}{hint}")
-        try:
-            return resp.json()
-        except ValueError as exc:
-            raise EndpointError(f"frontier endpoint {self.url}{path}: answer is not JSON"
-                                ) from exc
+        return request_json(
+            send, retries=cfg.retries, backoff_s=cfg.backoff_s, max_wait_s=cfg.timeout_s,
+            where=f"frontier endpoint {self.url}{path}", error=EndpointError,
+            unreachable="is the server running and eval.frontier.base_url right?",
+            auth_hint=f"; check ${cfg.api_key_env}" if cfg.api_key_env else "")
 
 
 class _Missing:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from searchrl.config import IndexConfig
-from searchrl.httpx_helpers import error_detail, send_with_retries
+from searchrl.httpx_helpers import request_json
 from searchrl.retrieval.base import SearchError
 from searchrl.rl.prompts import neutralize_tags
 from searchrl.types import SearchHit
@@ -54,22 +54,12 @@ class RetrievalClient:
         self._http.close()
 
     def _request(self, method: str, path: str, json: Any = None) -> Any:
-        resp, last = send_with_retries(lambda: self._http.request(method, path, json=json),
-                                       retries=self.retries, backoff_s=self.backoff_s,
-                                       max_wait_s=self.max_wait_s)
-        if resp is None:
-            raise SearchError(f"retrieval service {self.url}{path} failed after "
-                              f"{self.retries + 1} attempts ({last}); is it running? start it "
-                              "with `python -m searchrl.retrieval.server --index-dir DIR "
-                              "--config CFG`")
-        if resp.status_code >= 400:
-            raise SearchError(f"retrieval service {self.url}{path} rejected the request: "
-                              f"HTTP {resp.status_code}: {error_detail(resp)}")
-        try:
-            return resp.json()
-        except ValueError as exc:
-            raise SearchError(f"retrieval service {self.url}{path}: answer is not JSON"
-                              ) from exc
+        return request_json(lambda: self._http.request(method, path, json=json),
+                            retries=self.retries, backoff_s=self.backoff_s,
+                            max_wait_s=self.max_wait_s, where=f"retrieval service {self.url}{path}",
+                            error=SearchError,
+                            unreachable="is it running? start it with `python -m "
+                            "searchrl.retrieval.server --index-dir DIR --config CFG`")
 
     def health(self) -> dict[str, Any]:
         data = self._request("GET", "/health")

@@ -35,7 +35,8 @@ class DeepSpeedSetupError(RuntimeError):
     """DeepSpeed could not be configured; the message names the setting to change."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it), for a rendezvous or a server."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -50,7 +51,7 @@ def init_distributed(device: str) -> None:
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")

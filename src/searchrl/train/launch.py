@@ -13,7 +13,6 @@ stops the others and the error carries every rank's last lines.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from searchrl.config import PipelineConfig
+from searchrl.train.ds import free_port
 
 # Set for the launched ranks only: they train instead of launching again.
 RANK_MARKER = "SEARCHRL_LAUNCHED_RANK"
@@ -39,12 +39,6 @@ def launched_rank() -> int | None:
     return int(os.environ.get("RANK", "0"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
     text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
     # tqdm redraws with carriage returns: keep the last state of each line
@@ -58,7 +52,7 @@ def launch_command(config: PipelineConfig, config_file: Path, log_dir: Path,
     launch = config.train.launch
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner",
            "--num_gpus", str(launch.ranks), "--num_nodes", str(launch.nodes),
-           "--master_port", str(launch.master_port or _free_port()),
+           "--master_port", str(launch.master_port or free_port()),
            "--enable_each_rank_log", str(log_dir)]
     if launch.hostfile is not None:
         cmd += ["--hostfile", str(launch.hostfile)]

@@ -1,0 +1,60 @@
+"""Small pieces several test modules need: a free loopback port, an app served in a thread,
+a sink that keeps what it is given, and a tiny saved policy."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from searchrl.config import PipelineConfig
+from searchrl.models.tiny import build_tiny_model, train_tokenizer
+from searchrl.sinks import NullSink
+from searchrl.train.ds import free_port
+
+__all__ = ["RecordingSink", "free_port", "save_tiny_policy", "serving"]
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """`app` served by uvicorn in a thread on a free loopback port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+class RecordingSink(NullSink):
+    """Keeps the metrics logged to it (the last value of each key)."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def log_metrics(self, metrics: object, step: int | None = None) -> None:
+        assert isinstance(metrics, dict)
+        self.metrics.update(metrics)
+
+
+def save_tiny_policy(texts: Iterable[str], out: Path) -> Path:
+    """A one-layer random policy with a tokenizer trained on `texts`, saved in `out`."""
+    tok = train_tokenizer(list(texts) * 5, vocab_size=300)
+    tiny = PipelineConfig().model.tiny.model_copy(update={"n_layer": 1, "n_embd": 32,
+                                                          "n_head": 2})
+    model = build_tiny_model(tiny, tok)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
