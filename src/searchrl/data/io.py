@@ -332,3 +332,14 @@ def fingerprint(path: str | Path) -> str:
     if not path.exists():
         raise DataError(f"{path}: file not found")
     return content_sha256(path)
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a subprocess's log, as a person reads them in an error
+    message: tqdm's carriage-return redraws collapsed to their last state."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
+    return "\n".join(kept[-lines:]) or "(empty log)"

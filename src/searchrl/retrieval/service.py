@@ -41,6 +41,7 @@ import httpx
 import yaml
 
 from searchrl.config import IndexConfig, PipelineConfig
+from searchrl.data.io import log_tail
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +50,6 @@ LOG_TAIL_LINES = 30
 
 class ServiceError(RuntimeError):
     """The retrieval service could not be started, reached or stopped; the message says why."""
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -178,16 +171,18 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float,
     while True:
         code = proc.poll()
         if code is not None:
+            tail = log_tail(log_path, LOG_TAIL_LINES)
             raise ServiceError(f"the retrieval server exited with code {code} before answering "
-                               f"{url}/health; last lines of {log_path}:\n{_tail(log_path)}")
+                               f"{url}/health; last lines of {log_path}:\n{tail}")
         health = _health(url, timeout_s=2.0)
         # The pid check: an answer from another server on this port is not ours.
         if health is not None and health.get("pid") == proc.pid:
             return
         if time.monotonic() > deadline:
+            tail = log_tail(log_path, LOG_TAIL_LINES)
             raise ServiceError(f"the retrieval server did not answer {url}/health within "
                                f"{timeout_s:.0f}s (raise index.service_start_timeout_s for a "
-                               f"large index); last lines of {log_path}:\n{_tail(log_path)}")
+                               f"large index); last lines of {log_path}:\n{tail}")
         time.sleep(0.2)
 
 

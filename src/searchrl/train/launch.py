@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from searchrl.config import PipelineConfig
+from searchrl.data.io import log_tail
 from searchrl.train.ds import free_port
 
 # Set for the launched ranks only: they train instead of launching again.
@@ -37,13 +38,6 @@ def launched_rank() -> int | None:
     if os.environ.get(RANK_MARKER) != "1":
         return None
     return int(os.environ.get("RANK", "0"))
-
-
-def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
-    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
-    # tqdm redraws with carriage returns: keep the last state of each line
-    kept = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
-    return "\n".join(kept[-lines:])
 
 
 def launch_command(config: PipelineConfig, config_file: Path, log_dir: Path,
@@ -91,14 +85,14 @@ def launch_ranks(config: PipelineConfig, out_dir: Path, *, mlflow_run_id: str | 
     if proc.returncode != 0:
         ranks = sorted(log_dir.glob("*_rank*.log"),
                        key=lambda p: int(p.stem.rsplit("rank", 1)[-1]))
-        parts = [f"--- {p.name} (last lines)\n{_tail(p)}" for p in ranks]
+        parts = [f"--- {p.name} (last lines)\n{log_tail(p, _TAIL_LINES)}" for p in ranks]
         why = (f"rank 0 wrote nothing for train.launch.stall_timeout_s="
                f"{config.train.launch.stall_timeout_s}s, so the ranks were stopped" if stalled
                else "a rank failed or was killed; the others were stopped")
         raise LaunchError(
             f"train_policy: the DeepSpeed launcher exited with {proc.returncode} ({why}). "
             f"Re-running resumes from the "
-            f"newest checkpoint. Logs: {log_dir}\n--- launcher\n{_tail(launcher_log, 8)}\n"
+            f"newest checkpoint. Logs: {log_dir}\n--- launcher\n{log_tail(launcher_log, 8)}\n"
             + "\n".join(parts))
 
 
