@@ -1,12 +1,33 @@
-"""Training throughput and peak memory of the GRPO trainer on the embedded default.
+"""Where a GRPO step's time goes, and the trainer's throughput and peak memory.
 
-    .venv/bin/python benchmarks/bench_train.py [--steps 3] [key.sub=value ...]
+    .venv/bin/python benchmarks/bench_train.py [--steps 40] [--work DIR] [--compare]
+                                              [key.sub=value ...]
 
-Builds the synthetic world and a BM25 searcher in process, runs (or reuses) the cold start,
-then `--steps` GRPO steps, and prints rollout tokens/s (policy-sampled tokens per second of
-generation), update tokens/s (tokens through forward+backward per second of update), the
-time per phase and the peak resident memory (and peak GPU memory on CUDA). Wall times on a
-shared CPU are pessimistic.
+Runs the demo's training stage in process on the embedded default (configs/tiny.yaml unless
+`--config`): the synthetic world, a BM25 searcher, the cold start (reused from `--work` when
+it holds one with the same key), then `--steps` GRPO steps with the config's dev evaluation
+(every `train.eval_every` steps, `train.eval_questions` dev questions) and best-checkpoint
+keeping. Prints the time per phase over all steps, as seconds, share of the training wall
+time and seconds per step:
+
+    generation      policy decoding in the rollouts        (rollout stats)
+    retrieval       search calls in the rollouts           (rollout stats)
+    rollout other   prompts, parsing, inserting, rewards
+    old log-probs   no-grad passes of the sampling policy  (only mini-batches after the first)
+    reference       no-grad passes of the reference policy (KL)
+    forward         policy forward + loss, with gradient
+    backward        engine.backward
+    optimizer       engine.step
+    re-estimate     curriculum re-estimates (curriculum.reestimate_every)
+    dev eval        greedy dev evaluation (train.eval_every)
+    keep best       saving a new best policy
+    step other      the rest of each step (advantages, logging, metrics.jsonl)
+    outside steps   setup, checkpoints, final save and curve
+
+then rollout tokens/s (policy-sampled tokens per second of generation), update tokens/s
+(tokens through forward+backward per second of update) and peak resident memory. `--compare`
+also prints greedy test EM by hop: SFT (agentic, no_search, retrieve_once) vs the GRPO policy.
+Wall times on a shared CPU are pessimistic; the shares are what to read.
 """
 
 from __future__ import annotations
@@ -15,7 +36,6 @@ import argparse
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,20 +56,47 @@ from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.train.grpo import cold_start, greedy_eval, train_grpo
 
+# (label, metrics key); "rollout other", "step other" and "outside steps" are derived.
+PHASES = [("generation", "time_generation_s"), ("retrieval", "time_retrieval_s"),
+          ("rollout other", None), ("old log-probs", "time_old_logprobs_s"),
+          ("reference", "time_ref_logprobs_s"), ("forward", "time_forward_s"),
+          ("backward", "time_backward_s"), ("optimizer", "time_optimizer_s"),
+          ("re-estimate", "time_reestimate_s"), ("dev eval", "time_eval_s"),
+          ("keep best", "time_keep_best_s"), ("step other", None), ("outside steps", None)]
+
+
+def phase_seconds(rows: list[dict[str, Any]], train_seconds: float) -> dict[str, float]:
+    """Seconds per phase summed over the steps in `rows` (metrics.jsonl lines)."""
+    out = {label: sum(r.get(key, 0.0) for r in rows) for label, key in PHASES if key}
+    out["rollout other"] = (sum(r["time_rollout_s"] for r in rows)
+                            - out["generation"] - out["retrieval"])
+    steps = sum(r["step_seconds"] for r in rows)
+    out["step other"] = steps - sum(out.values())
+    out["outside steps"] = train_seconds - steps
+    return {label: out[label] for label, _ in PHASES}
+
+
+def print_phases(phases: dict[str, float], n_steps: int) -> None:
+    total = sum(phases.values())
+    print(f"{'phase':<15}{'seconds':>9}{'share':>8}{'s/step':>9}")
+    for label, seconds in sorted(phases.items(), key=lambda kv: -kv[1]):
+        print(f"{label:<15}{seconds:>9.1f}{seconds / total:>8.1%}{seconds / n_steps:>9.3f}")
+    print(f"{'total':<15}{total:>9.1f}{1:>8.0%}{total / n_steps:>9.3f}")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--work", type=Path, default=None, help="reuse a cold start here")
     parser.add_argument("--compare", action="store_true",
                         help="also greedy test EM by hop: SFT (agentic, no_search, "
                              "retrieve_once) vs the GRPO policy")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    overrides = [f"train.steps={args.steps}", "train.eval_every=0", "train.resume=false",
-                 "train.checkpoint_every=0", *args.overrides]
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, [f"train.steps={args.steps}", "train.resume=false",
+                                       *args.overrides])
     world = generate_world(config.data.synthetic)
     searcher = LocalSearcher(world.passages, config.index.model_copy(update={"retriever": "bm25"}),
                              bm25=BM25Index.build([p.contents for p in world.passages]))
@@ -57,58 +104,66 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     sft = cold_start(config, world.splits["train"], world.passages, searcher, work / "sft")
     sft_s = time.perf_counter() - t0
+    dev = world.splits["dev"][:config.train.eval_questions]
     result = train_grpo(config, world.splits["train"], searcher, sft, work / "grpo",
-                        progress=False)
+                        eval_examples=dev, progress=False)
     rows = [json.loads(x) for x in result.metrics_path.read_text().splitlines()]
-    steps = [r for r in rows if "time_update_s" in r]
-    gen_s = sum(r["time_generation_s"] for r in rows)
-    upd_s = sum(r["time_update_s"] for r in steps)
+    phases = phase_seconds(rows, result.seconds)
+    update_s = phases["forward"] + phases["backward"] + phases["optimizer"]
     report = {
         "device": "cuda" if torch.cuda.is_available() else f"cpu x{torch.get_num_threads()}",
         "steps": len(rows),
         "rollouts_per_step": config.train.questions_per_step * config.rollout.group_size,
-        "rollout_tokens_per_s": sum(r["rollout_tokens"] for r in rows) / max(gen_s, 1e-9),
-        "update_tokens_per_s": sum(r["update_tokens"] for r in steps) / max(upd_s, 1e-9),
+        "train_seconds": result.seconds,
         "seconds_per_step": sum(r["step_seconds"] for r in rows) / max(len(rows), 1),
-        "time_generation_s": gen_s,
-        "time_retrieval_s": sum(r["time_retrieval_s"] for r in rows),
-        "time_logprobs_s": sum(r.get("time_logprobs_s", 0.0) for r in rows),
-        "time_update_s": upd_s,
+        "rollout_tokens_per_s": sum(r["rollout_tokens"] for r in rows)
+        / max(phases["generation"], 1e-9),
+        "update_tokens_per_s": sum(r.get("update_tokens", 0.0) for r in rows)
+        / max(update_s, 1e-9),
         "cold_start_s": sft_s,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "phases_s": phases,
     }
     if torch.cuda.is_available():
         report["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    json.dump({k: round(v, 2) if isinstance(v, float) else v for k, v in report.items()},
-              sys.stdout, indent=2)
-    print()
+    print(f"\n== {len(rows)} GRPO steps ({args.config}), {report['device']}, "
+          f"{report['rollouts_per_step']} rollouts/step, cold start {sft_s:.0f} s")
+    print_phases(phases, len(rows))
+    print(f"rollout {report['rollout_tokens_per_s']:.0f} tok/s, update "
+          f"{report['update_tokens_per_s']:.0f} tok/s, {report['seconds_per_step']:.2f} s/step, "
+          f"peak RSS {report['peak_rss_mib']:.0f} MiB")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
     if args.compare:
-        test = world.splits["test"]
-        systems = [("sft", sft, "agentic"), ("no_search", sft, "no_search"),
-                   ("retrieve_once", sft, "retrieve_once"), ("grpo", result.policy_dir, "agentic")]
-        correct: dict[str, list[float]] = {}
-        for name, policy, mode in systems:
-            batches: list[RolloutBatch] = []
-
-            def capture(*a: Any, _out: list[RolloutBatch] = batches, **k: Any) -> RolloutBatch:
-                _out.append(run_rollouts(*a, **k))
-                return _out[-1]
-
-            ev = greedy_eval(test, make_generator(config, policy_dir=policy), searcher, config,
-                             mode=mode,
-                             rollout_fn=capture)
-            correct[name] = [float(r.correct) for r in batches[-1].records]
-            print(name, json.dumps({k: round(v, 3) for k, v in sorted(ev.items())}))
-        # Paired over the same questions (greedy, so one record per question, test order).
-        for label, keep in (("all", [True] * len(test)),
-                            *((f"hop{h}", [e.hops == h for e in test]) for h in (1, 2, 3))):
-            pick = [i for i, k in enumerate(keep) if k]
-            delta = paired_bootstrap_delta([correct["grpo"][i] for i in pick],
-                                           [correct["sft"][i] for i in pick], samples=2000)
-            print(f"grpo - sft EM {label}: {delta.mean * 100:+.1f} points, 95% CI "
-                  f"[{delta.lo * 100:+.1f}, {delta.hi * 100:+.1f}] (n={delta.n})")
+        compare(config, world, searcher, sft, result.best_policy_dir or result.policy_dir)
         print("curve:", result.curve_path)
     return 0
+
+
+def compare(config: Any, world: Any, searcher: Any, sft: Path, policy: Path) -> None:
+    test = world.splits["test"]
+    systems = [("sft", sft, "agentic"), ("no_search", sft, "no_search"),
+               ("retrieve_once", sft, "retrieve_once"), ("grpo", policy, "agentic")]
+    correct: dict[str, list[float]] = {}
+    for name, policy_dir, mode in systems:
+        batches: list[RolloutBatch] = []
+
+        def capture(*a: Any, _out: list[RolloutBatch] = batches, **k: Any) -> RolloutBatch:
+            _out.append(run_rollouts(*a, **k))
+            return _out[-1]
+
+        ev = greedy_eval(test, make_generator(config, policy_dir=policy_dir), searcher, config,
+                         mode=mode, rollout_fn=capture)
+        correct[name] = [float(r.correct) for r in batches[-1].records]
+        print(name, json.dumps({k: round(v, 3) for k, v in sorted(ev.items())}))
+    # Paired over the same questions (greedy, so one record per question, test order).
+    for label, keep in (("all", [True] * len(test)),
+                        *((f"hop{h}", [e.hops == h for e in test]) for h in (1, 2, 3))):
+        pick = [i for i, k in enumerate(keep) if k]
+        delta = paired_bootstrap_delta([correct["grpo"][i] for i in pick],
+                                       [correct["sft"][i] for i in pick], samples=2000)
+        print(f"grpo - sft EM {label}: {delta.mean * 100:+.1f} points, 95% CI "
+              f"[{delta.lo * 100:+.1f}, {delta.hi * 100:+.1f}] (n={delta.n})")
 
 
 if __name__ == "__main__":

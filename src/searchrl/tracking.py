@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import mlflow
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from searchrl.sinks import MetricsSink, NullSink
 
 PARENT_TAG = "mlflow.parentRunId"
+# MLflow's per-request limits of `log_batch` (mlflow.utils.validation).
+_BATCH_METRICS = 1000
+_BATCH_PARAMS_TAGS = 100
 STAGE_TAG = "searchrl.stage"
+
+
+_T = TypeVar("_T")
 
 
 class TrackingError(RuntimeError):
@@ -43,17 +51,22 @@ class MlflowSink:
         return self._run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        flat = _flatten(params)
-        for key, value in flat.items():
-            self.client.log_param(self._run_id, key, str(value)[:6000])
+        entries = [Param(key, str(value)[:6000]) for key, value in _flatten(params).items()]
+        for chunk in _chunks(entries, _BATCH_PARAMS_TAGS):
+            self.client.log_batch(self._run_id, params=chunk)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        for key, value in metrics.items():
-            self.client.log_metric(self._run_id, key, float(value), step=step or 0)
+        # One request per batch, not per metric: against a SQLite store a metric logged alone
+        # costs ~3.5 ms, a batch of 70 ~7 ms (the trainer logs ~70 metrics every step).
+        now = int(time.time() * 1000)
+        entries = [Metric(key, float(value), now, step or 0) for key, value in metrics.items()]
+        for chunk in _chunks(entries, _BATCH_METRICS):
+            self.client.log_batch(self._run_id, metrics=chunk)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self._run_id, key, str(value))
+        entries = [RunTag(key, str(value)) for key, value in tags.items()]
+        for chunk in _chunks(entries, _BATCH_PARAMS_TAGS):
+            self.client.log_batch(self._run_id, tags=chunk)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -67,6 +80,11 @@ class MlflowSink:
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self._run_id, status=status)
+
+
+def _chunks(items: list[_T], size: int) -> Iterator[list[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

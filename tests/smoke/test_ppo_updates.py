@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from searchrl.train import grpo
 from searchrl.train.grpo import TrainResult, train_grpo
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
@@ -36,8 +37,9 @@ def _run(tmp: Path, init_dir: Path, out: str, stop_after: int | None = None,
 def test_one_mini_batch_one_epoch_is_one_on_policy_step(tmp_path: Path, init_dir: Path) -> None:
     _, rows = _run(tmp_path, init_dir, "one", steps=2, checkpoint_every=0)
     for row in rows:
-        # The old log-probs come from a separate no-grad pass, yet equal the training
-        # forward bit for bit: the ratio is exactly 1 and the clip never fires.
+        # The old log-probs come from the gradient pass itself: no separate pass, ratio
+        # exactly 1, the clip never fires.
+        assert "time_old_logprobs_s" not in row
         assert row["optimizer_steps"] == 1.0
         assert row["ratio_max_abs_dev"] == 0.0 and row["clip_fraction"] == 0.0
         assert row["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -50,10 +52,35 @@ def test_mini_batches_step_several_times_and_the_ratio_leaves_one(
                    ppo_mini_batches=2, ppo_epochs=2, clip_eps=0.05)
     for row in rows:
         assert row["optimizer_steps"] == 4.0  # 2 mini-batches x 2 epochs
+        assert row["time_old_logprobs_s"] > 0.0  # the second mini-batch needs its own pass
         # Every mini-batch after the first sees a policy the earlier steps moved.
         assert row["ratio_max_abs_dev"] > 0.0
         assert row["ratio_mean"] != 1.0
     assert any(row["clip_fraction"] > 0.0 for row in rows)
+
+
+@pytest.mark.parametrize("ppo", [{}, {"ppo_mini_batches": 2, "ppo_epochs": 2}])
+def test_old_logprobs_from_the_gradient_pass_equal_a_separate_pass(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        ppo: dict[str, int]) -> None:
+    """Taking the first mini-batch's old log-probs from its gradient pass (no optimizer step
+    yet) trains exactly as one no-grad pass of the sampling policy over every micro-batch."""
+    own, own_rows = _run(tmp_path, init_dir, "own", steps=2, checkpoint_every=0, **ppo)
+    original = grpo._sampling_logprobs
+
+    def separate_pass(*args: Any, own_pass: set[Any]) -> Any:
+        return original(*args, own_pass=set())
+
+    monkeypatch.setattr(grpo, "_sampling_logprobs", separate_pass)
+    sep, sep_rows = _run(tmp_path, init_dir, "separate", steps=2, checkpoint_every=0, **ppo)
+    assert all(row["time_old_logprobs_s"] > 0.0 for row in sep_rows)
+    assert own.losses == sep.losses
+    for key in ("entropy", "logprob_mismatch", "ratio_mean", "clip_fraction"):
+        assert [r[key] for r in own_rows] == pytest.approx([r[key] for r in sep_rows],
+                                                             rel=1e-6, abs=1e-9), key
+    a = load_file(str(tmp_path / "own" / "policy" / "model.safetensors"))
+    b = load_file(str(tmp_path / "separate" / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_mini_batch_epochs_resume_bit_for_bit(tmp_path: Path, init_dir: Path) -> None:

@@ -68,7 +68,8 @@ def test_resume_is_bit_for_bit(tmp_path: Path, init_dir: Path) -> None:
     for key in ("reward_mean", "reward_std", "correct_rate", "zero_variance_fraction",
                 "searches_per_rollout", "format_rate", "response_tokens", "kl", "entropy",
                 "clip_fraction", "mask_coverage", "time_generation_s", "time_retrieval_s",
-                "time_logprobs_s", "time_update_s"):
+                "time_ref_logprobs_s", "time_forward_s", "time_backward_s",
+                "time_optimizer_s", "logprob_mismatch"):
         assert key in lines[-1], key
     assert 0 < lines[-1]["mask_coverage"] < 1  # inserted tokens are not policy tokens
     assert (tmp_path / "full" / "curve.png").stat().st_size > 0

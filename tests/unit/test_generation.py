@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig, TinyModelConfig
 from searchrl.generation.base import SamplingParams, StopChecker, sample_next
+from searchrl.generation import hf
 from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
 from searchrl.models.tiny import build_tiny_model
 from searchrl.rl.rollout import run_rollouts
@@ -110,6 +111,35 @@ def test_stop_string_split_over_tokens_is_detected(tok) -> None:  # type: ignore
     assert checker.hit([tok.convert_tokens_to_ids("</search>")])
 
 
+@pytest.mark.parametrize("stops", [("</search>", "</answer>"), ("ch>", "a")])
+def test_stop_checks_agree_with_decoding_every_tail(tok, stops) -> None:  # type: ignore[no-untyped-def]
+    """The fast path never changes where a row stops: on random token streams rich in tag
+    pieces, the first hit is where decoding the whole tail after every token finds one."""
+    checker = StopChecker(tok, stops)
+    pieces = [tok.convert_tokens_to_ids(t) for t in ["<", "/", "s", "e", "a", "r", "c", "h", ">",
+                                                     "n", "w", "</search>", "</answer>"]]
+    vocab = list(range(len(tok)))
+    rng = torch.Generator().manual_seed(0)
+    stopped = 0
+    for _ in range(400):
+        draw = torch.randint(0, 2, (60,), generator=rng).tolist()
+        picks = torch.randint(0, 10**6, (60,), generator=rng).tolist()
+        row = [pieces[p % len(pieces)] if d else vocab[p % len(vocab)]
+               for d, p in zip(draw, picks, strict=True)]
+        fast = next((i for i in range(1, 61) if checker.hit(row[:i])), None)
+        full = next((i for i in range(1, 61)
+                     if any(s in tok.decode(row[:i][-len(max(stops, key=len)):],
+                                            skip_special_tokens=False) for s in stops)), None)
+        assert fast == full, tok.convert_ids_to_tokens(row)
+        stopped += fast is not None
+    assert stopped > 100  # the streams do stop, often
+
+
+def test_stop_strings_must_be_ascii(tok) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="ASCII"):
+        StopChecker(tok, ("</réponse>",))
+
+
 class _DictSearcher:
     def search_batch(self, queries, top_k):  # type: ignore[no-untyped-def]
         return [[SearchHit(f"d-{q}", None, f"{q} is w{len(q) % 50}", 1.0)] for q in queries]
@@ -129,6 +159,27 @@ def test_greedy_rollouts_identical_with_and_without_kv_cache(tok, tagged_model) 
     # The trained model really searches, so this compared multi-turn rollouts.
     assert fast.stats["searches_per_rollout"] >= 1.0
     assert max(r.turns for r in fast.records) >= 2
+
+
+def test_growing_kv_buffers_give_the_same_numbers_as_concatenation(  # type: ignore[no-untyped-def]
+        tok, tagged_model, monkeypatch) -> None:
+    """The KV buffers with spare room (no copy of the whole cache per token) sample exactly
+    the tokens and log-probs transformers' concatenating DynamicCache gives, over turns with
+    rows leaving the batch (reorder, dropped slots) and shared prompts fanned out."""
+    examples = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
+                          golden_answers=(WORDS[i + 1],)) for i in range(4)]
+    cfg = RolloutConfig(max_turns=3, max_new_tokens_per_turn=14, max_response_tokens=160,
+                        top_k=1, max_batch_rows=16, temperature=1.3)
+
+    def rollouts() -> list[tuple[list[int], list[float]]]:
+        batch = run_rollouts(examples, HFGenerator(tagged_model, tok), _DictSearcher(), cfg,
+                             RewardConfig(), group_size=4, seed=11)
+        return [(r.response_ids, r.old_logprobs) for r in batch.records]
+
+    grown = rollouts()
+    monkeypatch.setattr(hf, "_growing_cache", lambda config: hf.DynamicCache(config=config))
+    assert rollouts() == grown
+    assert len({len(ids) for ids, _ in grown}) > 1  # rows of different lengths, turns
 
 
 def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None:  # type: ignore[no-untyped-def]

@@ -31,10 +31,11 @@ The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
   template glue are masked out (Search-R1's retrieved-token masking).
 - temperature: log-probs (ratio, KL, entropy) are of softmax(logits / rollout.temperature),
   the distribution the rollout sampled from, not of the raw logits.
-- old log-probs: one no-grad forward pass of the engine over the rollout batch before the
-  first optimizer step on it, i.e. of the policy that sampled it (with the hf backend the
-  engine's module *is* the sampler); the sampler's own log-probs are not used for the ratio,
-  their mean absolute difference to the pass is logged as `logprob_mismatch`.
+- old log-probs: the engine's before the first optimizer step on the batch, i.e. of the
+  policy that sampled it (with the hf backend the engine's module *is* the sampler): the
+  first mini-batch's from its own gradient pass (detached), the others' from one no-grad
+  pass before that step. The sampler's own log-probs are not used for the ratio; their mean
+  absolute difference to the engine's is logged as `logprob_mismatch`.
 - ratio and mini-batches: the batch is split into `train.ppo_mini_batches` mini-batches, one
   optimizer step each, for `train.ppo_epochs` epochs (mini-batch order shuffled per epoch,
   seeded by step and epoch, so a resume replays it). The ratio is exactly 1 on the first
@@ -58,7 +59,8 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -377,16 +379,21 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         advantages, metrics = score(state, rollouts)
         # --- update (every rank takes the same branch)
         metrics |= update(state, step, rollouts, advantages)
+        times: dict[str, float] = {}
         # --- periodic difficulty re-estimate: retire questions the policy now always solves
         if _every(config.curriculum.reestimate_every, step) and step + 1 < end:
-            metrics |= reestimate(state, step)
+            with _timed(times, "time_reestimate_s"):
+                metrics |= reestimate(state, step)
         # --- eval (greedy, for the learning curve) and the best policy so far
         if eval_examples and tcfg.eval_every and (
                 _every(tcfg.eval_every, step) or step + 1 == tcfg.steps):
-            if state.lead:
-                metrics |= evaluate(state, eval_examples)
-            if tcfg.keep_best:
-                metrics |= keep_if_best(state, step + 1, metrics)
+            with _timed(times, "time_eval_s"):
+                if state.lead:
+                    metrics |= evaluate(state, eval_examples)
+            with _timed(times, "time_keep_best_s"):
+                if tcfg.keep_best:
+                    metrics |= keep_if_best(state, step + 1, metrics)
+        metrics |= times
         # --- log
         log_step(state, step, metrics, seconds=time.perf_counter() - t0)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
@@ -755,27 +762,63 @@ def _update(state: TrainerState, step: int, records: Sequence[RolloutRecord],
     optimizer step each; None if a loss was non-finite on any rank (that mini-batch's
     gradients are discarded and the update stops there; earlier steps stand). `weight=0`
     makes every micro-batch a zero-weight one (a rank with nothing to learn).
+
+    The first mini-batch to run takes its old log-probs from its own gradient pass (detached):
+    no optimizer step has happened yet, so that pass *is* the sampling policy's and a separate
+    no-grad pass over it would compute the same numbers again. With one mini-batch and one
+    epoch (the default) there is no separate pass at all.
     """
     tcfg = state.config.train
     packed = pack_records(records, advantages, state.pad_id)
     plan = _plan(packed, weight, tcfg, state.n_ranks)
-    t0 = time.perf_counter()
-    olds, refs, metrics = _sampling_logprobs(state, packed, plan)
-    t1 = time.perf_counter()
-    steps = _ppo_steps(state, step, packed, plan, olds, refs)
+    orders = [_minibatch_order(state.config.run.seed, step, epoch, plan)
+              for epoch in range(tcfg.ppo_epochs)]
+    first = {micro for micro, _ in plan.minis[orders[0][0]]} if orders[0] else set()
+    times: dict[str, float] = {}
+    olds, refs, metrics = _sampling_logprobs(state, packed, plan, times, own_pass=first)
+    steps = _ppo_steps(state, packed, plan, orders, olds, refs, metrics, times)
     if steps is None:
         return None
-    return metrics | steps | {
-        "time_logprobs_s": t1 - t0, "time_update_s": time.perf_counter() - t1,
+    return metrics | steps | times | {
         "update_tokens": float(packed.attention_mask.sum()) * tcfg.ppo_epochs}
 
 
-def _sampling_logprobs(state: TrainerState, packed: PackedBatch, plan: _Plan
+def _minibatch_order(seed: int, step: int, epoch: int, plan: _Plan) -> list[int]:
+    """The mini-batches of `epoch` with micro-batches, in their (seeded, shuffled) order."""
+    order = list(range(len(plan.minis)))
+    random.Random(rollout_seed(seed, step, epoch, 0, "minibatch_order")).shuffle(order)
+    return [j for j in order if plan.minis[j]]
+
+
+@contextmanager
+def _timed(times: dict[str, float], key: str) -> Iterator[None]:
+    """Add the block's wall seconds to `times[key]` (the step's time breakdown)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+
+
+def _sampling_metrics(metrics: dict[str, float], logits: torch.Tensor, logps: torch.Tensor,
+                      mb: PackedBatch, tokens: float) -> None:
+    """Add the sampling policy's entropy and `logprob_mismatch` over `mb`'s policy tokens."""
+    with torch.no_grad():
+        m = mb.loss_mask
+        metrics["entropy"] += float((token_entropy(logits) * m).sum()) / tokens
+        metrics["logprob_mismatch"] += float(
+            ((logps - mb.old_logprobs).abs() * m).sum()) / tokens
+
+
+def _sampling_logprobs(state: TrainerState, packed: PackedBatch, plan: _Plan,
+                       times: dict[str, float], *, own_pass: set[Rows]
                        ) -> tuple[dict[Rows, torch.Tensor], dict[Rows, torch.Tensor],
                                   dict[str, float]]:
     """Old log-probs (the engine's policy before any optimizer step on this batch: the one
-    that sampled it) and reference log-probs per micro-batch; the sampling policy's entropy and
-    its `logprob_mismatch` to the sampler's own log-probs (token means over policy tokens).
+    that sampled it) of every micro-batch but those in `own_pass` (they take theirs from
+    their gradient pass), reference log-probs of every micro-batch, and the sampling
+    policy's entropy and `logprob_mismatch` to the sampler's own log-probs (token means over
+    policy tokens; `_ppo_steps` adds the `own_pass` micro-batches' share).
 
     The policy that sampled is softmax(logits / T): ratios, KL and entropy use the same
     distribution as the sampler (`generation.base.sample_next`).
@@ -788,28 +831,27 @@ def _sampling_logprobs(state: TrainerState, packed: PackedBatch, plan: _Plan
     state.engine.eval()
     for micro, real in (m for mini in plan.minis for m in mini):  # as many forwards per rank
         mb = packed.slice(*micro)
-        with torch.no_grad():
-            logits = state.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                  use_cache=False).logits.float() / temperature
-        olds[micro] = token_logprobs(logits, mb.input_ids)
+        if micro not in own_pass and micro not in olds:
+            with _timed(times, "time_old_logprobs_s"), torch.no_grad():
+                logits = state.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                      use_cache=False).logits.float() / temperature
+                olds[micro] = token_logprobs(logits, mb.input_ids)
+            if real:
+                _sampling_metrics(metrics, logits, olds[micro], mb, tokens)
         if state.ref is not None and micro not in refs:
-            refs[micro] = no_grad_logprobs(state.ref, mb, temperature)
-        if real:
-            m = mb.loss_mask
-            metrics["entropy"] += float((token_entropy(logits) * m).sum()) / tokens
-            metrics["logprob_mismatch"] += float(
-                ((olds[micro] - mb.old_logprobs).abs() * m).sum()) / tokens
+            with _timed(times, "time_ref_logprobs_s"):
+                refs[micro] = no_grad_logprobs(state.ref, mb, temperature)
     return olds, refs, metrics
 
 
-def _ppo_steps(state: TrainerState, step: int, packed: PackedBatch, plan: _Plan,
-               olds: dict[Rows, torch.Tensor], refs: dict[Rows, torch.Tensor]
-               ) -> dict[str, float] | None:
-    """`ppo_epochs` x the mini-batches (order shuffled per epoch, the same on every rank),
-    gradients accumulated over each mini-batch's micro-batches, one optimizer step at its
-    last. Loss metrics: means over the optimizer steps (by denominator share, so one step
-    reports the batch loss); ratio and clip: token means over every pass (max for the
-    deviation)."""
+def _ppo_steps(state: TrainerState, packed: PackedBatch, plan: _Plan, orders: list[list[int]],
+               olds: dict[Rows, torch.Tensor], refs: dict[Rows, torch.Tensor],
+               sampling: dict[str, float], times: dict[str, float]) -> dict[str, float] | None:
+    """`ppo_epochs` x the mini-batches (in `orders`, the same on every rank), gradients
+    accumulated over each mini-batch's micro-batches, one optimizer step at its last. A
+    micro-batch without old log-probs (the first mini-batch's) takes them from this pass.
+    Loss metrics: means over the optimizer steps (by denominator share, so one step reports
+    the batch loss); ratio and clip: token means over every pass (max for the deviation)."""
     tcfg, engine = state.config.train, state.engine
     temperature, epochs = state.config.rollout.temperature, tcfg.ppo_epochs
     tokens = max(float(packed.loss_mask.sum()), 1.0)
@@ -818,26 +860,32 @@ def _ppo_steps(state: TrainerState, step: int, packed: PackedBatch, plan: _Plan,
                             "ratio_max_abs_dev", "optimizer_steps"), 0.0)
     engine.train()
     try:
-        for epoch in range(epochs):
-            order = list(range(len(plan.minis)))
-            random.Random(rollout_seed(state.config.run.seed, step, epoch, 0,
-                                       "minibatch_order")).shuffle(order)
-            for j in (j for j in order if plan.minis[j]):
+        for order in orders:
+            for j in order:
                 for k, (micro, real) in enumerate(plan.minis[j]):
                     mb = packed.slice(*micro)
-                    logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                    use_cache=False).logits.float() / temperature
-                    out = grpo_loss(token_logprobs(logits, mb.input_ids), olds[micro],
-                                    refs.get(micro), mb.advantages, mb.loss_mask,
-                                    clip_eps=tcfg.clip_eps, kl_coef=tcfg.kl_coef,
-                                    agg=tcfg.loss_agg,
-                                    denominator=max(plan.denominators[j], 1e-9))
+                    with _timed(times, "time_forward_s"):
+                        logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                        use_cache=False).logits.float() / temperature
+                        logps = token_logprobs(logits, mb.input_ids)
+                        if micro not in olds:
+                            olds[micro] = logps.detach()
+                            if real:
+                                _sampling_metrics(sampling, logits.detach(), olds[micro], mb,
+                                                  tokens)
+                        out = grpo_loss(logps, olds[micro], refs.get(micro), mb.advantages,
+                                        mb.loss_mask, clip_eps=tcfg.clip_eps,
+                                        kl_coef=tcfg.kl_coef, agg=tcfg.loss_agg,
+                                        denominator=max(plan.denominators[j], 1e-9))
                     if not all_reduce([float(bool(torch.isfinite(out.loss)))], "min")[0]:
                         engine.zero_grad()
                         return None
                     engine.set_gradient_accumulation_boundary(k == len(plan.minis[j]) - 1)
-                    engine.backward(out.loss if real else out.loss * 0.0, scale_wrt_gas=False)
-                    engine.step()
+                    with _timed(times, "time_backward_s"):
+                        engine.backward(out.loss if real else out.loss * 0.0,
+                                        scale_wrt_gas=False)
+                    with _timed(times, "time_optimizer_s"):
+                        engine.step()
                     if not real:
                         continue
                     step_share = plan.denominators[j] / total_denom / epochs
