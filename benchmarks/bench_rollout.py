@@ -14,6 +14,13 @@ questions, max_turns=3) with three generators:
 and prints tokens/s (policy-sampled tokens / generation seconds) and the speed-up ratios side
 by side. Greedy outputs must be identical across the three (the script fails otherwise).
 The searcher is a word-overlap scorer over the corpus (retrieval time is reported apart).
+
+Against the machine's limit: the memory bandwidth measured first (best of several copies of a
+256 MiB tensor, read + write bytes, with the benchmark's thread count), then for the kv run the
+bytes a decoder must read: the weights once per forward pass (every parameter, fp32) plus, per
+row, the K and V of every cache slot its attention reads (holes included), and that traffic
+per second of generation as a share of the measured bandwidth. Small models are far from it:
+the time goes to per-pass overhead (Python, kernel launches), not to moving bytes.
 """
 
 from __future__ import annotations
@@ -100,6 +107,31 @@ def sft(model: Any, tok: Any, texts: list[str], steps: int, batch: int, seed: in
     return float(loss.detach())
 
 
+def memory_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of the best of `repeats` tensor copies (bytes read + bytes written)."""
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages first
+    best = min(_timed_copy(dst, src) for _ in range(repeats))
+    return 2 * src.numel() * src.element_size() / best
+
+
+def _timed_copy(dst: torch.Tensor, src: torch.Tensor) -> float:
+    start = time.perf_counter()
+    dst.copy_(src)
+    return time.perf_counter() - start
+
+
+def decode_traffic(generator: HFGenerator) -> float:
+    """Bytes the kv generator's passes had to read: weights per pass + K/V per slot read."""
+    model, cfg = generator.model, generator.model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    slot = 2 * cfg.num_hidden_layers * heads * head_dim * next(model.parameters()).element_size()
+    return float(generator.forward_calls * weights + generator.kv_slots_read * slot)
+
+
 def run(name: str, generator: Generator, examples: list[QAExample], searcher: OverlapSearcher,
         cfg: RolloutConfig) -> dict[str, Any]:
     start = time.perf_counter()
@@ -138,13 +170,17 @@ def main() -> None:
     searcher = OverlapSearcher(world.passages)
     cfg = RolloutConfig(max_turns=3, max_new_tokens_per_turn=32, max_response_tokens=480,
                         info_token_budget=64, top_k=1, max_batch_rows=args.batch)
-    results: dict[str, Any] = {"batch": args.batch, "threads": args.threads, "models": {}}
+    bandwidth = memory_bandwidth()
+    print(f"memory bandwidth (tensor copy, {args.threads} thread(s)): {bandwidth / 1e9:.1f} GB/s")
+    results: dict[str, Any] = {"batch": args.batch, "threads": args.threads,
+                               "bandwidth_gb_s": bandwidth / 1e9, "models": {}}
     for model_name in args.models:
         model = build_tiny_model(MODELS[model_name], tok, seed=0)
         t0 = time.perf_counter()
         loss = sft(model, tok, demos, args.sft_steps, 8, seed=0)
         sft_s = time.perf_counter() - t0
-        runs = [run("kv", HFGenerator(model, tok), test, searcher, cfg),
+        kv = HFGenerator(model, tok)
+        runs = [run("kv", kv, test, searcher, cfg),
                 run("batch", HFGenerator(model, tok, reuse_cache=False), test, searcher, cfg),
                 run("plain", HFFullContextGenerator(model, tok), test, searcher, cfg)]
         identical = all(r["outputs"] == runs[0]["outputs"] for r in runs)
@@ -159,8 +195,13 @@ def main() -> None:
         for r in runs:
             print(f"{r['generator']:<8}{r['generation_s']:>9.2f}{r['sampled_tokens']:>9d}"
                   f"{r['tokens_per_s']:>11.1f}{r['tokens_per_s'] / plain_tps:>9.2f}x")
+        traffic = decode_traffic(kv) / runs[0]["generation_s"]
+        print(f"kv: {kv.forward_calls} passes, {kv.decode_tokens} decoded + {kv.prefill_tokens} "
+              f"prefilled tokens; weights + KV read {traffic / 1e9:.2f} GB/s = "
+              f"{traffic / bandwidth:.1%} of the measured bandwidth")
         results["models"][model_name] = {
-            "sft_loss": loss, "identical": identical,
+            "sft_loss": loss, "identical": identical, "kv_read_gb_s": traffic / 1e9,
+            "kv_bandwidth_share": traffic / bandwidth,
             "runs": [{k: v for k, v in r.items() if k not in ("outputs", "example_text")}
                      for r in runs],
         }

@@ -267,3 +267,14 @@ def test_trainer_logprobs_use_the_sampling_temperature(init_dir: Path) -> None:
     m = packed.loss_mask.bool()
     assert torch.allclose(tempered[m], packed.old_logprobs[m], atol=1e-4)
     assert not torch.allclose(raw[m], packed.old_logprobs[m], atol=1e-2)
+
+
+def test_deepspeed_init_compiles_no_shared_memory_op() -> None:
+    """The CPU backend's shm all-reduce op (DeepSpeed inference only) is not JIT-built: that
+    build cost ~30 s in every fresh environment before the first training step."""
+    from deepspeed.comm import comm as ds_comm
+
+    from searchrl.train.ds import init_distributed
+
+    init_distributed("cpu")
+    assert ds_comm.cdb is not None and ds_comm.cdb.shm_comm_op is None

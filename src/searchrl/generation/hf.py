@@ -134,9 +134,12 @@ class HFGenerator(_HFBackend):
         # transformers 5.x renamed `past_key_values` to `cache`; accept both generations.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        # Work counters (tokens run through the model), for benchmarks and stats.
+        # Work counters (tokens run through the model; forward passes and the KV slots their
+        # attention read: rows x cache width, holes included), for benchmarks and stats.
         self.prefill_tokens = 0
         self.decode_tokens = 0
+        self.forward_calls = 0
+        self.kv_slots_read = 0
 
     def release(self) -> None:
         self._state = None
@@ -222,6 +225,8 @@ class HFGenerator(_HFBackend):
     def _forward(self, state: _CacheState, chunk: Tensor, chunk_mask: Tensor,
                  positions: Tensor) -> Tensor:
         state.attention = torch.cat([state.attention, chunk_mask], dim=1)
+        self.forward_calls += 1
+        self.kv_slots_read += int(state.attention.shape[0]) * int(state.attention.shape[1])
         kwargs: dict[str, Any] = {self._cache_kwarg: state.cache}
         out: Any = self.model(input_ids=chunk, attention_mask=state.attention,
                               position_ids=positions, use_cache=True, logits_to_keep=1,

@@ -59,9 +59,27 @@ def init_distributed(device: str) -> None:
             raise DeepSpeedSetupError(
                 f"DS_ACCELERATOR={os.environ['DS_ACCELERATOR']!r} but run.device=cpu; "
                 "unset it or export DS_ACCELERATOR=cpu before importing deepspeed")
+        _skip_shm_inference_op()
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     else:
         deepspeed.init_distributed(dist_backend="nccl", verbose=False)
+
+
+def _skip_shm_inference_op() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce op.
+
+    The backend builds it at init (about 30 s in every fresh environment: the build is cached
+    per install path) for `inference_all_reduce`, which only DeepSpeed inference calls;
+    training reduces through torch.distributed (gloo). DeepSpeed skips ops its
+    `deepspeed.ops.__compatible_ops__` table marks incompatible (a dict kept in the module,
+    so the mark holds for this process).
+    """
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible[ShareMemCommBuilder.NAME] = False
 
 
 def world_size() -> int:
