@@ -10,8 +10,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig, TinyModelConfig
-from searchrl.generation.base import SamplingParams, StopChecker, sample_next
 from searchrl.generation import hf
+from searchrl.generation.base import SamplingParams, StopChecker, sample_next
 from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
 from searchrl.models.tiny import build_tiny_model
 from searchrl.rl.rollout import run_rollouts

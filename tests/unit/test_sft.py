@@ -13,7 +13,14 @@ from searchrl.data.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.actions import Answer, Search, parse_action
 from searchrl.train.demos import Demo, DemoError, build_demos, corpus_documents, world_demos
-from searchrl.train.sft import context_targets, masked_nll, run_sft, tokenize_demo
+from searchrl.train.sft import (
+    batch_loss_backward,
+    collate_demos,
+    context_targets,
+    masked_nll,
+    run_sft,
+    tokenize_demo,
+)
 from searchrl.types import Passage, QAExample, SearchHit
 
 WORLD = generate_world(SyntheticWorldConfig(seed=3, n_people=30, n_cities=8, n_countries=4,
@@ -152,6 +159,36 @@ def test_sft_lowers_the_masked_loss() -> None:
     assert result.steps == 4 * 6
     assert after < before - 1.0
     assert sum(result.losses[-3:]) < sum(result.losses[:3])
+
+
+@pytest.mark.parametrize("context_weight", [0.0, 0.5])
+def test_micro_batches_accumulate_the_whole_batch_gradient(context_weight: float) -> None:
+    """Length-sorted micro-batches (each padded only to its own longest) give the gradient
+    and loss of the one padded batch: every micro-batch divides by the batch's token counts."""
+    demos, _ = build_demos(WORLD.splits["train"], PASSAGES, TitleSearcher(WORLD.passages),
+                           prompt_fn=prompt, imperfect_fraction=0.5, n_demos=10, seed=0)
+    model, tok = _tiny([d.text for d in demos])
+    items = [tokenize_demo(d, tok, max_len=1024) for d in demos]
+    assert len({len(d.input_ids) for d in items}) > 3  # lengths differ: padding to save
+    skip = [int(i) for i in tok.all_special_ids]
+    pad = int(tok.pad_token_id)
+
+    def grads(micro: int) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        cfg = SFTConfig(batch_size=10, micro_batch_size=micro, context_loss_weight=context_weight)
+        loss = batch_loss_backward(model, items, pad, cfg, skip)
+        return loss, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    whole_loss, whole = grads(10)
+    ids, attn, tmask = collate_demos(items, pad)  # the unsorted padded batch, one pass
+    plain = masked_nll(model, ids, attn, tmask, context_weight,
+                       context_targets(ids, attn, tmask, skip) if context_weight else None)
+    assert whole_loss == pytest.approx(float(plain.detach()), rel=1e-5)
+    for micro in (1, 3, 4):
+        loss, split = grads(micro)
+        assert loss == pytest.approx(whole_loss, rel=1e-5)
+        for a, b in zip(split, whole, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_baseline_format_demos_use_the_rollout_glue() -> None:

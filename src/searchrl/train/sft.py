@@ -64,7 +64,7 @@ def tokenize_demo(demo: Demo, tokenizer: PreTrainedTokenizerBase, max_len: int) 
     return TokenizedDemo(ids, mask)
 
 
-def _collate(items: Sequence[TokenizedDemo], pad_id: int
+def collate_demos(items: Sequence[TokenizedDemo], pad_id: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     length = max(len(d.input_ids) for d in items)
     ids = torch.full((len(items), length), pad_id, dtype=torch.long)
@@ -81,19 +81,49 @@ def _collate(items: Sequence[TokenizedDemo], pad_id: int
 
 def masked_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
                target_mask: torch.Tensor, context_weight: float = 0.0,
-               context_mask: torch.Tensor | None = None) -> torch.Tensor:
+               context_mask: torch.Tensor | None = None, *,
+               totals: tuple[float, float] | None = None) -> torch.Tensor:
     """Token-mean NLL over `target_mask` (targets in `[N, L-1]` coordinates), plus
     `context_weight` x the token-mean NLL over `context_mask` (default: every other real,
-    non-pad target)."""
+    non-pad target). `totals` = (target tokens, context tokens) of the whole batch when these
+    rows are one micro-batch of it (default: this tensor's own counts)."""
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     logp = token_logprobs(logits, ids)  # [N, L-1]
-    loss = -(logp * target_mask).sum() / target_mask.sum().clamp(min=1.0)
-    if context_weight > 0.0:
-        if context_mask is None:
-            context_mask = attn[:, 1:].to(logp.dtype) * (1.0 - target_mask)  # [N, L-1]
-        loss = loss - context_weight * ((logp * context_mask).sum()
-                                        / context_mask.sum().clamp(min=1.0))
+    if context_weight > 0.0 and context_mask is None:
+        context_mask = attn[:, 1:].to(logp.dtype) * (1.0 - target_mask)  # [N, L-1]
+    if totals is None:
+        totals = (float(target_mask.sum()),
+                  float(context_mask.sum()) if context_mask is not None else 0.0)
+    loss = -(logp * target_mask).sum() / max(totals[0], 1.0)
+    if context_weight > 0.0 and context_mask is not None:
+        loss = loss - context_weight * (logp * context_mask).sum() / max(totals[1], 1.0)
     return loss
+
+
+def batch_loss_backward(model: torch.nn.Module, items: Sequence[TokenizedDemo], pad_id: int,
+                        cfg: SFTConfig, skip_ids: Sequence[int]) -> float:
+    """Backward of one batch's loss, accumulated over micro-batches of
+    `cfg.micro_batch_size` rows of the demos sorted by length (each padded only to its own
+    longest); every micro-batch divides by the whole batch's token counts, so the gradient
+    is the batch's. Returns the batch loss; FloatingPointError if it is not finite."""
+    ordered = sorted(items, key=lambda d: len(d.input_ids))
+    micro = []
+    for start in range(0, len(ordered), cfg.micro_batch_size):
+        ids, attn, tmask = collate_demos(ordered[start:start + cfg.micro_batch_size], pad_id)
+        cmask = (context_targets(ids, attn, tmask, skip_ids)
+                 if cfg.context_loss_weight > 0.0 else None)
+        micro.append((ids, attn, tmask, cmask))
+    totals = (sum(float(t.sum()) for _, _, t, _ in micro),
+              sum(float(c.sum()) for *_, c in micro if c is not None))
+    total = 0.0
+    for ids, attn, tmask, cmask in micro:
+        loss = masked_nll(model, ids, attn, tmask, cfg.context_loss_weight, cmask,
+                          totals=totals)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"SFT loss became {loss.item()}")
+        loss.backward()  # type: ignore[no-untyped-call]
+        total += float(loss.detach())
+    return total
 
 
 def context_targets(ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Tensor,
@@ -137,22 +167,20 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
         order = list(range(len(data)))
         rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_size):
-            ids, attn, tmask = _collate([data[i] for i in order[b : b + cfg.batch_size]], pad_id)
-            cmask = (context_targets(ids, attn, tmask, skip)
-                     if cfg.context_loss_weight > 0.0 else None)
-            loss = masked_nll(model, ids, attn, tmask, cfg.context_loss_weight, cmask)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"SFT loss became {loss.item()} at step {result.steps}")
+            batch = [data[i] for i in order[b : b + cfg.batch_size]]
             opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
+            try:
+                loss = batch_loss_backward(model, batch, pad_id, cfg, skip)
+            except FloatingPointError as exc:
+                raise FloatingPointError(f"{exc} at step {result.steps}") from None
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
             result.steps += 1
-            result.tokens_trained += int(tmask.sum())
-            result.losses.append(float(loss.detach()))
+            result.tokens_trained += sum(sum(d.loss_mask[1:]) for d in batch)
+            result.losses.append(loss)
             if on_step is not None:
-                on_step(result.steps, float(loss.detach()))
+                on_step(result.steps, loss)
     model.eval()  # type: ignore[no-untyped-call]
     result.seconds = time.perf_counter() - start
     return result
