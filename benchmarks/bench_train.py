@@ -7,8 +7,9 @@ Runs the demo's training stage in process on the embedded default (configs/tiny.
 `--config`): the synthetic world, a BM25 searcher, the cold start (reused from `--work` when
 it holds one with the same key), then `--steps` GRPO steps with the config's dev evaluation
 (every `train.eval_every` steps, `train.eval_questions` dev questions) and best-checkpoint
-keeping. Prints the time per phase over all steps, as seconds, share of the training wall
-time and seconds per step:
+keeping, logging to an MLflow run in a SQLite store as the pipeline does (`--no-mlflow`:
+to no sink; the logging's cost is part of "step other"). Prints the time per phase over all
+steps, as seconds, share of the training wall time and seconds per step:
 
     generation      policy decoding in the rollouts        (rollout stats)
     retrieval       search calls in the rollouts           (rollout stats)
@@ -54,6 +55,8 @@ from searchrl.generation.factory import make_generator
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
+from searchrl.sinks import MetricsSink
+from searchrl.tracking import start_parent_run
 from searchrl.train.grpo import cold_start, greedy_eval, train_grpo
 
 # (label, metrics key); "rollout other", "step other" and "outside steps" are derived.
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also greedy test EM by hop: SFT (agentic, no_search, "
                              "retrieve_once) vs the GRPO policy")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
+    parser.add_argument("--no-mlflow", action="store_true", help="log to no sink")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     config = load_config(args.config, [f"train.steps={args.steps}", "train.resume=false",
@@ -105,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     sft = cold_start(config, world.splits["train"], world.passages, searcher, work / "sft")
     sft_s = time.perf_counter() - t0
     dev = world.splits["dev"][:config.train.eval_questions]
+    sink: MetricsSink | None = None
+    if not args.no_mlflow:
+        uri = f"sqlite:///{work / 'mlflow.db'}"
+        sink = start_parent_run(uri, "bench-train", "bench", {})
     result = train_grpo(config, world.splits["train"], searcher, sft, work / "grpo",
-                        eval_examples=dev, progress=False)
+                        eval_examples=dev, progress=False, sink=sink)
     rows = [json.loads(x) for x in result.metrics_path.read_text().splitlines()]
     phases = phase_seconds(rows, result.seconds)
     update_s = phases["forward"] + phases["backward"] + phases["optimizer"]

@@ -173,13 +173,15 @@ def test_micro_batches_accumulate_the_whole_batch_gradient(context_weight: float
     skip = [int(i) for i in tok.all_special_ids]
     pad = int(tok.pad_token_id)
 
-    def grads(micro: int) -> tuple[float, list[torch.Tensor]]:
+    def grads(micro: int | None) -> tuple[float, list[torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         cfg = SFTConfig(batch_size=10, micro_batch_size=micro, context_loss_weight=context_weight)
         loss = batch_loss_backward(model, items, pad, cfg, skip)
         return loss, [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     whole_loss, whole = grads(10)
+    one_pass = grads(None)[1]  # None: one pass, the batch's own order: the same numbers
+    assert all(torch.equal(a, b) for a, b in zip(one_pass, whole, strict=True))
     ids, attn, tmask = collate_demos(items, pad)  # the unsorted padded batch, one pass
     plain = masked_nll(model, ids, attn, tmask, context_weight,
                        context_targets(ids, attn, tmask, skip) if context_weight else None)

@@ -96,7 +96,7 @@ def masked_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
                   float(context_mask.sum()) if context_mask is not None else 0.0)
     loss = -(logp * target_mask).sum() / max(totals[0], 1.0)
     if context_weight > 0.0 and context_mask is not None:
-        loss = loss - context_weight * (logp * context_mask).sum() / max(totals[1], 1.0)
+        loss = loss - context_weight * ((logp * context_mask).sum() / max(totals[1], 1.0))
     return loss
 
 
@@ -104,12 +104,15 @@ def batch_loss_backward(model: torch.nn.Module, items: Sequence[TokenizedDemo], 
                         cfg: SFTConfig, skip_ids: Sequence[int]) -> float:
     """Backward of one batch's loss, accumulated over micro-batches of
     `cfg.micro_batch_size` rows of the demos sorted by length (each padded only to its own
-    longest); every micro-batch divides by the whole batch's token counts, so the gradient
-    is the batch's. Returns the batch loss; FloatingPointError if it is not finite."""
-    ordered = sorted(items, key=lambda d: len(d.input_ids))
+    longest; None: one pass over the batch as given); every micro-batch divides by the whole
+    batch's token counts, so the gradient is the batch's. Returns the batch loss;
+    FloatingPointError if it is not finite."""
+    size = cfg.micro_batch_size or len(items)
+    # One pass keeps the batch's own row order (the exact numbers of an unsplit batch).
+    ordered = sorted(items, key=lambda d: len(d.input_ids)) if size < len(items) else items
     micro = []
-    for start in range(0, len(ordered), cfg.micro_batch_size):
-        ids, attn, tmask = collate_demos(ordered[start:start + cfg.micro_batch_size], pad_id)
+    for start in range(0, len(ordered), size):
+        ids, attn, tmask = collate_demos(ordered[start:start + size], pad_id)
         cmask = (context_targets(ids, attn, tmask, skip_ids)
                  if cfg.context_loss_weight > 0.0 else None)
         micro.append((ids, attn, tmask, cmask))
