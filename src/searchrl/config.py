@@ -502,6 +502,10 @@ class TrainConfig(_Section):
     keep_best: bool = False
     select_metric: str = "dev_em"
     select_mode: Literal["max", "min"] = "max"
+    # Early stopping (needs keep_best): stop once this many dev evaluations in a row have not
+    # beaten the best (0: always run `steps`). The best policy is what is evaluated either
+    # way; stopping saves the steps after it, at the risk of a later, better evaluation.
+    early_stop_patience: int = Field(0, ge=0)
     sft: SFTConfig = SFTConfig()
     launch: LaunchConfig = LaunchConfig()
 
@@ -510,6 +514,9 @@ class TrainConfig(_Section):
         if self.keep_best and self.eval_every == 0:
             raise ValueError("train.keep_best selects on the dev evaluation: set "
                              "train.eval_every > 0 (or train.keep_best=false)")
+        if self.early_stop_patience and not self.keep_best:
+            raise ValueError("train.early_stop_patience counts dev evaluations without a new "
+                             "best: set train.keep_best=true (or early_stop_patience=0)")
         if not self.select_metric.startswith("dev_"):
             raise ValueError(f"train.select_metric={self.select_metric!r}: must be a dev "
                              "metric the trainer logs (dev_em, dev_em_hop<N>, dev_searches_all)")

@@ -281,7 +281,8 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
         mlflow_run_id=sink.run_id, selection=choice.selection,
         selected_step=choice.selected_step, last_policy_dir=str(result.policy_dir),
         last_step=choice.last_step, select_metric=choice.metric,
-        selected_value=choice.selected_value, last_value=choice.last_value)
+        selected_value=choice.selected_value, last_value=choice.last_value,
+        stopped_early=result.stopped_early)
     if not lead:
         return ref
     sink.log_metrics({"training_seconds": result.seconds, "sft_seconds": result.sft_seconds,

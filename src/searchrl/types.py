@@ -126,6 +126,7 @@ class CheckpointRef(_CostedOutput):
     select_metric: str | None = None
     selected_value: float | None = None  # the select metric at selected_step / last_step
     last_value: float | None = None
+    stopped_early: bool = False  # train.early_stop_patience ended training at last_step
 
 
 @dataclass(frozen=True)

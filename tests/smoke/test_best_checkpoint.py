@@ -120,3 +120,39 @@ def test_the_best_so_far_survives_a_kill_and_resume(
     # The kept policy is bit for bit the one after step 2 of an uninterrupted run.
     assert resumed.best_policy_dir is not None
     assert _same(resumed.best_policy_dir, tmp_path / "full" / "checkpoints" / "step_000002")
+
+
+# Dev EM after each step of a 6-step run: peaks at 2, then no new best (3 ties it).
+PEAK_EARLY = {1: 0.3, 2: 0.6, 3: 0.6, 4: 0.5, 5: 0.7, 6: 0.8}
+
+
+def test_early_stopping_ends_after_patience_evaluations_without_a_new_best(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patience 2: steps 3 (a tie) and 4 do not beat step 2, so training ends after step 4
+    with a checkpoint there, the final policy saved and the best handed on; the same run
+    without early stopping goes on (and finds step 5's better evaluation)."""
+    monkeypatch.setattr(grpo, "evaluate", scripted(PEAK_EARLY))
+    cfg = _config(tmp_path, steps=6, checkpoint_every=5, early_stop_patience=2)
+    result = _train(cfg, init_dir, tmp_path / "early")
+    assert result.stopped_early and result.steps_done == 4
+    assert result.best is not None and result.best.step == 2
+    assert (tmp_path / "early" / "policy" / "model.safetensors").is_file()
+    assert (tmp_path / "early" / "checkpoints" / "step_000004").is_dir()
+    choice = choose_policy(result, cfg.train)
+    assert (choice.selected_step, choice.last_step) == (2, 4)
+    rows = [json.loads(x) for x in (tmp_path / "early" / "metrics.jsonl").read_text().split("\n")
+            if x]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["early_stopped"] == 1.0
+    # A re-run resumes from step 4's checkpoint, sees the early stop and trains no more.
+    again = _train(cfg, init_dir, tmp_path / "early")
+    assert again.resumed_from == 4 and again.steps_done == 4 and again.stopped_early
+    assert again.best is not None and again.best.step == 2
+    # Without early stopping the run goes on and finds the later, better evaluations.
+    full = _train(_config(tmp_path, steps=6, checkpoint_every=5), init_dir, tmp_path / "full")
+    assert not full.stopped_early and full.steps_done == 6 and full.best is not None
+    assert full.best.step == 6
+
+
+def test_early_stopping_needs_keep_best(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="early_stop_patience"):
+        _config(tmp_path, keep_best=False, early_stop_patience=2)

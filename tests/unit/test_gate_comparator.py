@@ -95,3 +95,14 @@ def test_the_report_shows_the_best_and_the_last_checkpoint(tmp_path: Path) -> No
     _, report = build_gate(_config(), last, gold_pairs=500, stages=STAGES, training_curve={})
     assert report.policy_selection == ("Evaluated and registered on GO: the last step's policy, "
                                        "step 150 (dev_em 0.531) (train.keep_best is off).")
+
+
+def test_the_report_says_when_training_stopped_early(tmp_path: Path) -> None:
+    ev = dataclasses.replace(_eval(tmp_path, {"sft": 0.3, TRAINED: 0.6}), policy_selection={
+        "selection": "best", "metric": "dev_em", "selected_step": 60, "selected_value": 0.633,
+        "last_step": 100, "last_value": 0.51, "stopped_early": True})
+    _, report = build_gate(_config(), ev, gold_pairs=500, stages=STAGES, training_curve={})
+    assert report.policy_selection == (
+        "Evaluated and registered on GO: the best dev checkpoint by dev_em, step 60 (dev_em "
+        "0.633); the last step was step 100 (dev_em 0.510), where training stopped early "
+        "(train.early_stop_patience dev evaluations in a row without a new best).")

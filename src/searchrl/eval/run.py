@@ -543,4 +543,5 @@ def policy_selection(checkpoint: CheckpointRef) -> dict[str, Any]:
             "selected_step": checkpoint.selected_step,
             "selected_value": checkpoint.selected_value, "last_step": checkpoint.last_step,
             "last_value": checkpoint.last_value, "policy_dir": checkpoint.policy_dir,
-            "last_policy_dir": checkpoint.last_policy_dir}
+            "last_policy_dir": checkpoint.last_policy_dir,
+            "stopped_early": checkpoint.stopped_early}

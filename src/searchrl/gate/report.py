@@ -184,6 +184,9 @@ def selection_sentence(selection: Mapping[str, Any]) -> str:
         return f"step {step} ({metric} {shown})"
 
     last = at(selection.get("last_step"), selection.get("last_value"))
+    if selection.get("stopped_early"):
+        last += (", where training stopped early (train.early_stop_patience dev evaluations "
+                 "in a row without a new best)")
     if selection.get("selection") == "best":
         return (f"Evaluated and registered on GO: the best dev checkpoint by {metric}, "
                 f"{at(selection.get('selected_step'), selection.get('selected_value'))}; "

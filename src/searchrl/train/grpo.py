@@ -150,6 +150,7 @@ class TrainResult:
     best: Best | None = None
     best_policy_dir: Path | None = None
     last_value: float | None = None
+    stopped_early: bool = False  # train.early_stop_patience ended the run before train.steps
 
 
 @dataclass(frozen=True)
@@ -369,6 +370,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
                           rollout_fn=rollout_fn, generator_factory=generator_factory)
     tcfg = config.train
     end = tcfg.steps if stop_after is None else min(tcfg.steps, state.start_step + stop_after)
+    if stopped_early(state.history):
+        end = state.start_step  # resumed after an early stop: the run is over
     bar = tqdm(range(state.start_step, end), desc="grpo", disable=not (progress and state.lead),
                initial=state.start_step, total=tcfg.steps)
     for step in bar:
@@ -393,18 +396,48 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
             with _timed(times, "time_keep_best_s"):
                 if tcfg.keep_best:
                     metrics |= keep_if_best(state, step + 1, metrics)
+            if patience_exhausted(state, step + 1, metrics):
+                metrics[EARLY_STOP_KEY] = 1.0
         metrics |= times
         # --- log
         log_step(state, step, metrics, seconds=time.perf_counter() - t0)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
                         acc=f"{metrics['correct_rate']:.2f}",
                         srch=f"{metrics['searches_per_rollout']:.1f}")
-        # --- checkpoint
-        if _every(tcfg.checkpoint_every, step) or step + 1 == end:
+        # --- checkpoint (and the end, when the dev metric stopped improving)
+        if _every(tcfg.checkpoint_every, step) or step + 1 == end or EARLY_STOP_KEY in metrics:
             checkpoint(state, step + 1)
+        if EARLY_STOP_KEY in metrics:
+            log.info("early stop after step %d: %d dev evaluations without beating step %s",
+                     step + 1, tcfg.early_stop_patience,
+                     state.best.step if state.best else "?")
+            break
     bar.close()
     # --- save
     return finish(state, init_dir, seconds=time.perf_counter() - started)
+
+
+EARLY_STOP_KEY = "early_stopped"
+
+
+def stopped_early(history: Sequence[dict[str, Any]]) -> bool:
+    """Whether the run's last logged step ended it by early stopping."""
+    return bool(history) and bool(history[-1].get(EARLY_STOP_KEY))
+
+
+def patience_exhausted(state: TrainerState, done: int, metrics: dict[str, float]) -> bool:
+    """Whether `train.early_stop_patience` dev evaluations in a row, the one in `metrics` (of
+    step `done`) included, have not beaten the best. Rank 0 holds the evaluations and decides;
+    every rank calls this and gets its answer."""
+    tcfg = state.config.train
+    if not tcfg.early_stop_patience:
+        return False
+    exhausted = 0.0
+    if state.lead and state.best is not None and tcfg.select_metric in metrics:
+        since = sum(h["step"] > state.best.step and tcfg.select_metric in h
+                    for h in state.history) + (done > state.best.step)
+        exhausted = float(since >= tcfg.early_stop_patience)
+    return bool(all_reduce([exhausted], "max")[0])
 
 
 def _every(period: int, step: int) -> bool:
@@ -657,7 +690,8 @@ def finish(state: TrainerState, init_dir: Path, *, seconds: float) -> TrainResul
     policy_dir = state.out_dir / "policy"
     curve: Path | None = None
     best_policy: Path | None = None
-    if steps_done >= tcfg.steps:
+    early = stopped_early(state.history)
+    if steps_done >= tcfg.steps or early:
         with full_parameters(state.engine):
             if state.lead:
                 save_policy(state.engine.module, state.tokenizer, policy_dir)
@@ -678,7 +712,8 @@ def finish(state: TrainerState, init_dir: Path, *, seconds: float) -> TrainResul
                        final_metrics=state.history[-1] if state.history else {},
                        best=state.best if best_policy is not None else None,
                        best_policy_dir=best_policy,
-                       last_value=float(last_value) if last_value is not None else None)
+                       last_value=float(last_value) if last_value is not None else None,
+                       stopped_early=early)
 
 
 def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,
