@@ -228,7 +228,12 @@ class HFGenerator(_HFBackend):
         self.forward_calls += 1
         self.kv_slots_read += int(state.attention.shape[0]) * int(state.attention.shape[1])
         kwargs: dict[str, Any] = {self._cache_kwarg: state.cache}
-        out: Any = self.model(input_ids=chunk, attention_mask=state.attention,
+        # One new token per row: the causal part is trivial (the row attends to every cached
+        # token of its own), so hand over the 4D padding mask ready-made instead of having
+        # transformers build it for every decoded token.
+        mask = (state.attention[:, None, None, :].bool() if chunk.shape[1] == 1
+                else state.attention)
+        out: Any = self.model(input_ids=chunk, attention_mask=mask,
                               position_ids=positions, use_cache=True, logits_to_keep=1,
                               **kwargs)
         logits: Tensor = out.logits[:, -1, :]
