@@ -17,7 +17,8 @@ TORCH_WHEELS ?= /opt/wheels
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip uv
+	$(BIN)/pip install -q --upgrade pip
+	-$(BIN)/pip install -q uv
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
 	    --find-links $(TORCH_WHEELS) 'torch==2.13.0+cpu' -e '.[dev]' \
 	  || { $(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -e '.[dev]'; }
