@@ -56,8 +56,8 @@ class _GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     The attention reads the same numbers in the same layout (last dim contiguous).
     """
 
-    _room_keys: Tensor | None = None
-    _room_values: Tensor | None = None
+    _room: tuple[Tensor, Tensor] | None = None  # keys, values buffers [B, H, capacity, D]
+    _handed_out: Tensor | None = None  # the `keys` view last returned
 
     def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
                ) -> tuple[Tensor, Tensor]:
@@ -65,23 +65,20 @@ class _GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             self.lazy_initialization(key_states, value_states)
         old = self.get_seq_length()
         new = old + key_states.shape[-2]
-        room = self._room_keys
-        adopted = (room is not None and self.keys is not None and self.keys.numel() > 0
-                   and self.keys.data_ptr() == room.data_ptr()
-                   and self.keys.shape[:2] == room.shape[:2])
-        if not adopted or room is None or new > room.shape[-2]:
+        # `keys` replaced since the last update (reorder, dropped slots): adopt it in a new buffer.
+        room = self._room if self.keys is self._handed_out else None
+        if room is None or new > room[0].shape[-2]:
             shape = (*key_states.shape[:2], max(2 * new, 64), key_states.shape[-1])
             keys = key_states.new_empty(shape)
             values = value_states.new_empty((*shape[:3], value_states.shape[-1]))
             if old and self.keys is not None and self.values is not None:
                 keys[..., :old, :].copy_(self.keys)
                 values[..., :old, :].copy_(self.values)
-            self._room_keys, self._room_values = keys, values
-        assert self._room_keys is not None and self._room_values is not None
-        self._room_keys[..., old:new, :].copy_(key_states)
-        self._room_values[..., old:new, :].copy_(value_states)
-        self.keys = self._room_keys[..., :new, :]
-        self.values = self._room_values[..., :new, :]
+            room = self._room = (keys, values)
+        room[0][..., old:new, :].copy_(key_states)
+        room[1][..., old:new, :].copy_(value_states)
+        self.keys = self._handed_out = room[0][..., :new, :]
+        self.values = room[1][..., :new, :]
         return self.keys, self.values
 
 
