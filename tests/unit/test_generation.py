@@ -182,6 +182,43 @@ def test_growing_kv_buffers_give_the_same_numbers_as_concatenation(  # type: ign
     assert len({len(ids) for ids, _ in grown}) > 1  # rows of different lengths, turns
 
 
+def test_narrowing_the_batch_to_rows_still_decoding_changes_no_sample(  # type: ignore[no-untyped-def]
+        tok, tagged_model, monkeypatch) -> None:
+    """Rows that stopped leave the forward batch (once half of it has stopped): the sampled
+    tokens are those of a batch that keeps feeding them pads, and log-probs agree to float
+    rounding (a smaller batch may round differently)."""
+    examples = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
+                          golden_answers=(WORDS[i + 1],)) for i in range(4)]
+    cfg = RolloutConfig(max_turns=3, max_new_tokens_per_turn=14, max_response_tokens=160,
+                        top_k=1, max_batch_rows=16, temperature=1.3)
+    decode_rows: list[int] = []  # rows of every decoding pass
+    forward = HFGenerator._forward
+
+    def spy(self, state, chunk, mask, positions):  # type: ignore[no-untyped-def]
+        if chunk.shape[1] == 1:
+            decode_rows.append(int(chunk.shape[0]))
+        return forward(self, state, chunk, mask, positions)
+
+    monkeypatch.setattr(HFGenerator, "_forward", spy)
+
+    def rollouts() -> tuple[list[tuple[list[int], list[float]]], list[int]]:
+        decode_rows.clear()
+        batch = run_rollouts(examples, HFGenerator(tagged_model, tok), _DictSearcher(), cfg,
+                             RewardConfig(), group_size=4, seed=11)
+        return [(r.response_ids, r.old_logprobs) for r in batch.records], list(decode_rows)
+
+    narrowed, narrowed_rows = rollouts()
+    monkeypatch.setattr(hf, "_NARROW_AT", 0.0)
+    full, full_rows = rollouts()
+    # As many passes, but fewer rows computed: stopped rows left the batch.
+    assert len(narrowed_rows) == len(full_rows)
+    assert sum(narrowed_rows) < sum(full_rows)
+    assert any(a <= b // 2 for a, b in zip(narrowed_rows, full_rows, strict=True))
+    assert [ids for ids, _ in narrowed] == [ids for ids, _ in full]
+    for (_, a), (_, b) in zip(narrowed, full, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
 def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None:  # type: ignore[no-untyped-def]
     try:
         import vllm  # noqa: F401
@@ -207,14 +244,41 @@ def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None
 def test_shared_prompts_are_prefilled_once(tok, random_model) -> None:  # type: ignore[no-untyped-def]
     fast, plain = HFGenerator(random_model, tok), HFFullContextGenerator(random_model, tok)
     a, b = _contexts(tok, ["what about w1?", "w2 w3"])
+    shared = hf._common_prefix_len([a, b])
     params = SamplingParams(max_new_tokens=6, greedy=True)
     out = fast.generate([a, a, b, a], params, keys=["0", "1", "2", "3"])
-    assert fast.prefill_tokens == len(a) + len(b)
+    # The prefix both prompts start with once, then each distinct prompt's rest once.
+    assert fast.prefill_tokens == shared + (len(a) - shared) + (len(b) - shared)
     assert [o.token_ids for o in out] == [o.token_ids for o in plain.generate([a, a, b, a],
                                                                                params)]
     # Rows that share a prompt still sample independently.
     sampled = fast.generate([a] * 4, SamplingParams(max_new_tokens=8), seed=3)
     assert len({tuple(o.token_ids) for o in sampled}) > 1
+
+
+def test_a_shared_prompt_template_is_prefilled_once(tok, random_model) -> None:  # type: ignore[no-untyped-def]
+    """Prompts built from one template share most of their tokens: that prefix is prefilled
+    once and fanned out, and each row attends to the same tokens at the same positions as a
+    full-context pass (left padding of the rests leaves masked holes after the prefix)."""
+    from searchrl.rl.prompts import build_prompt
+
+    questions = ["what about w1?", "w2 w3 w4 w5 w6 w7 w8", "w9", "Question: w10 w11"]
+    ctx = _contexts(tok, [build_prompt(q) for q in questions])
+    shared = hf._common_prefix_len(ctx)
+    assert shared >= 20  # the template
+    fast, plain = HFGenerator(random_model, tok), HFFullContextGenerator(random_model, tok)
+    params = SamplingParams(max_new_tokens=7, greedy=True)
+    out = fast.generate(ctx, params, keys=["a", "b", "c", "d"])
+    assert fast.prefill_tokens == shared + sum(len(c) - shared for c in ctx)
+    expected = plain.generate(ctx, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in expected]
+    for x, y in zip(out, expected, strict=True):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    # The next turn extends the fanned-out cache.
+    more = _contexts(tok, [" w40 w41", " w42", " w43 w44 w45", " w46"])
+    ctx2 = [c + o.token_ids + m for c, o, m in zip(ctx, out, more, strict=True)]
+    assert ([o.token_ids for o in fast.generate(ctx2, params, keys=["a", "b", "c", "d"])]
+            == [o.token_ids for o in plain.generate(ctx2, params)])
 
 
 def test_the_factory_loads_a_saved_policy_in_the_configured_dtype(  # type: ignore[no-untyped-def]
