@@ -1,13 +1,15 @@
 """Rollout throughput: batched KV-reusing rollouts vs per-sample `generate` over the full context.
 
-Usage: .venv/bin/python benchmarks/bench_rollout.py [--batch 32] [--threads 1] [--out f.json]
+Usage: .venv/bin/python benchmarks/bench_rollout.py [--batch 32] [--threads 1] [--repeats 3]
+       [--out f.json]
 
 For each model (the tiny default, 2 layers x 128, and a 4-layer 256-wide one) on the
 synthetic world: a short scripted SFT so the greedy policy really uses the tag protocol
 (3 searches, then an answer), then the same greedy `run_rollouts` (batch of distinct test
 questions, max_turns=3) with three generators:
 
-    kv      HFGenerator: batched decoding, KV cache kept across turns (the default backend)
+    kv      HFGenerator: batched decoding, KV cache kept across turns (the default backend;
+            the prompts' shared template prefilled once, stopped rows leave the batch)
     batch   HFGenerator(reuse_cache=False): batched, but re-prefills the context every turn
     plain   HFFullContextGenerator: per sample, `model.generate` re-encoding every turn
 
@@ -16,7 +18,8 @@ by side. Greedy outputs must be identical across the three (the script fails oth
 The searcher is a word-overlap scorer over the corpus (retrieval time is reported apart).
 
 Against the machine's limit: the memory bandwidth measured first (best of several copies of a
-256 MiB tensor, read + write bytes, with the benchmark's thread count), then for the kv run the
+256 MiB tensor, read + write bytes, with the benchmark's thread count; and a read-only sum of
+it, what attention does to the cache), then for the kv run the
 bytes a decoder must read: the weights once per forward pass (every parameter, fp32) plus, per
 row, the K and V of every cache slot its attention reads (holes included), and that traffic
 per second of generation as a share of the measured bandwidth. Small models are far from it:
@@ -112,34 +115,44 @@ def memory_bandwidth(mib: int = 256, repeats: int = 5) -> float:
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch the pages first
-    best = min(_timed_copy(dst, src) for _ in range(repeats))
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
     return 2 * src.numel() * src.element_size() / best
 
 
-def _timed_copy(dst: torch.Tensor, src: torch.Tensor) -> float:
+def memory_read_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of the best of `repeats` sums over a tensor (bytes read)."""
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    src.sum()
+    best = min(_timed(src.sum) for _ in range(repeats))
+    return src.numel() * src.element_size() / best
+
+
+def _timed(work: Any) -> float:
     start = time.perf_counter()
-    dst.copy_(src)
+    work()
     return time.perf_counter() - start
 
 
-def decode_traffic(generator: HFGenerator) -> float:
-    """Bytes the kv generator's passes had to read: weights per pass + K/V per slot read."""
+def decode_traffic(generator: HFGenerator, forward_calls: int, kv_slots_read: int) -> float:
+    """Bytes a kv generator's passes had to read: weights per pass + K/V per slot read."""
     model, cfg = generator.model, generator.model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     slot = 2 * cfg.num_hidden_layers * heads * head_dim * next(model.parameters()).element_size()
-    return float(generator.forward_calls * weights + generator.kv_slots_read * slot)
+    return float(forward_calls * weights + kv_slots_read * slot)
 
 
 def run(name: str, generator: Generator, examples: list[QAExample], searcher: OverlapSearcher,
         cfg: RolloutConfig) -> dict[str, Any]:
+    counters = ("forward_calls", "kv_slots_read", "decode_tokens", "prefill_tokens")
+    before = {c: getattr(generator, c, 0) for c in counters}
     start = time.perf_counter()
     batch = run_rollouts(examples, generator, searcher, cfg, RewardConfig(), group_size=1,
                          greedy=True)
     wall = time.perf_counter() - start
     sampled = sum(sum(r.loss_mask) for r in batch.records)
-    return {
+    return {**{c: getattr(generator, c, 0) - before[c] for c in counters},
         "generator": name, "wall_s": wall, "generation_s": batch.stats["time_generation_s"],
         "retrieval_s": batch.stats["time_retrieval_s"], "sampled_tokens": sampled,
         "tokens_per_s": sampled / batch.stats["time_generation_s"],
@@ -157,6 +170,8 @@ def main() -> None:
                     help="torch intra-op threads (1 is fastest on a shared, loaded CPU)")
     ap.add_argument("--sft-steps", type=int, default=200)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per generator, interleaved; the median run is reported")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -170,23 +185,31 @@ def main() -> None:
     searcher = OverlapSearcher(world.passages)
     cfg = RolloutConfig(max_turns=3, max_new_tokens_per_turn=32, max_response_tokens=480,
                         info_token_budget=64, top_k=1, max_batch_rows=args.batch)
-    bandwidth = memory_bandwidth()
-    print(f"memory bandwidth (tensor copy, {args.threads} thread(s)): {bandwidth / 1e9:.1f} GB/s")
+    bandwidth, read_bandwidth = memory_bandwidth(), memory_read_bandwidth()
+    print(f"memory bandwidth ({args.threads} thread(s)): tensor copy {bandwidth / 1e9:.1f} GB/s, "
+          f"read-only sum {read_bandwidth / 1e9:.1f} GB/s")
     results: dict[str, Any] = {"batch": args.batch, "threads": args.threads,
-                               "bandwidth_gb_s": bandwidth / 1e9, "models": {}}
+                               "bandwidth_gb_s": bandwidth / 1e9,
+                               "read_bandwidth_gb_s": read_bandwidth / 1e9, "models": {}}
     for model_name in args.models:
         model = build_tiny_model(MODELS[model_name], tok, seed=0)
         t0 = time.perf_counter()
         loss = sft(model, tok, demos, args.sft_steps, 8, seed=0)
         sft_s = time.perf_counter() - t0
         kv = HFGenerator(model, tok)
-        runs = [run("kv", kv, test, searcher, cfg),
-                run("batch", HFGenerator(model, tok, reuse_cache=False), test, searcher, cfg),
-                run("plain", HFFullContextGenerator(model, tok), test, searcher, cfg)]
-        identical = all(r["outputs"] == runs[0]["outputs"] for r in runs)
+        generators: dict[str, Generator] = {
+            "kv": kv, "batch": HFGenerator(model, tok, reuse_cache=False),
+            "plain": HFFullContextGenerator(model, tok)}
+        trials: dict[str, list[dict[str, Any]]] = {name: [] for name in generators}
+        for _ in range(args.repeats):  # interleaved, so a slow stretch of the machine hits all
+            for name, generator in generators.items():
+                trials[name].append(run(name, generator, test, searcher, cfg))
+        runs = [sorted(t, key=lambda r: r["generation_s"])[len(t) // 2] for t in trials.values()]
+        identical = all(r["outputs"] == runs[0]["outputs"] for t in trials.values() for r in t)
         plain_tps = runs[-1]["tokens_per_s"]
         print(f"\n== {model_name}: batch {args.batch}, max_turns 3, threads {args.threads}, "
               f"SFT {args.sft_steps} steps ({sft_s:.0f}s, loss {loss:.2f}), "
+              f"median of {args.repeats} runs each, "
               f"searches/rollout {runs[0]['searches_per_rollout']:.2f}, "
               f"turns/rollout {runs[0]['turns_mean']:.2f}, identical greedy outputs: "
               f"{identical}")
@@ -195,15 +218,22 @@ def main() -> None:
         for r in runs:
             print(f"{r['generator']:<8}{r['generation_s']:>9.2f}{r['sampled_tokens']:>9d}"
                   f"{r['tokens_per_s']:>11.1f}{r['tokens_per_s'] / plain_tps:>9.2f}x")
-        traffic = decode_traffic(kv) / runs[0]["generation_s"]
-        print(f"kv: {kv.forward_calls} passes, {kv.decode_tokens} decoded + {kv.prefill_tokens} "
+        kv_run = runs[0]
+        traffic = (decode_traffic(kv, kv_run["forward_calls"], kv_run["kv_slots_read"])
+                   / kv_run["generation_s"])
+        print(f"kv: {kv_run['forward_calls']} passes, {kv_run['decode_tokens']} decoded + "
+              f"{kv_run['prefill_tokens']} "
               f"prefilled tokens; weights + KV read {traffic / 1e9:.2f} GB/s = "
-              f"{traffic / bandwidth:.1%} of the measured bandwidth")
+              f"{traffic / bandwidth:.1%} of the copy bandwidth, "
+              f"{traffic / read_bandwidth:.1%} of the read bandwidth")
         results["models"][model_name] = {
             "sft_loss": loss, "identical": identical, "kv_read_gb_s": traffic / 1e9,
             "kv_bandwidth_share": traffic / bandwidth,
+            "kv_read_bandwidth_share": traffic / read_bandwidth,
             "runs": [{k: v for k, v in r.items() if k not in ("outputs", "example_text")}
                      for r in runs],
+            "generation_s_all": {name: [r["generation_s"] for r in t]
+                                 for name, t in trials.items()},
         }
         if not identical:
             raise SystemExit(f"{model_name}: greedy outputs differ between generators")
