@@ -58,9 +58,10 @@ class _GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     only the new tokens; a full buffer is reallocated with `headroom` free slots, which the
     generator sets to the call's longest decode, so a turn's prefill reallocates at most once
     and its decoding never. Tight room matters: attention reading views that skip large gaps
-    in the buffer ran 20% slower than over contiguous keys (2 cores, 64 rows x 170 slots). Anything that replaces
-    `keys`/`values` (reorder, dropping unused slots) is adopted on the next update. The
-    attention reads the same numbers in the same layout (last dim contiguous).
+    in the buffer ran 20% slower than over contiguous keys (2 cores, 64 rows x 170 slots).
+    Anything that replaces `keys`/`values` (reorder, dropping unused slots) is adopted on the
+    next update. The attention reads the same numbers in the same layout (last dim
+    contiguous).
     """
 
     headroom = 64
