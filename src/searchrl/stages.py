@@ -259,8 +259,8 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
                          tracking_uri=sink.tracking_uri)
             # the stage's wall time includes starting the ranks
             ranks_ref = read_ref(CheckpointRef, out_dir, "train")
-            return _finish(dataclasses.replace(ranks_ref, seconds=time.perf_counter() - started),
-                           out_dir)
+            seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
+            return _finish(dataclasses.replace(ranks_ref, seconds=seconds), out_dir)
     lead = not my_rank
     if not lead:
         sink = NullSink()
@@ -276,7 +276,10 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
         policy_dir=str(choice.policy_dir), fingerprint=fingerprint(choice.policy_dir),
         sft_dir=str(result.sft_dir), metrics_path=str(result.metrics_path),
         training_seconds=result.seconds + result.sft_seconds,
-        seconds=time.perf_counter() - started, devices=launch.ranks * launch.nodes,
+        # A resumed run costs its earlier attempts too (up to the checkpoint resumed from).
+        seconds=time.perf_counter() - started + result.earlier_attempts_seconds,
+        earlier_attempts_seconds=result.earlier_attempts_seconds,
+        devices=launch.ranks * launch.nodes,
         files=files_of(choice.policy_dir, result.policy_dir, result.metrics_path),
         mlflow_run_id=sink.run_id, selection=choice.selection,
         selected_step=choice.selected_step, last_policy_dir=str(result.policy_dir),
@@ -286,6 +289,7 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     if not lead:
         return ref
     sink.log_metrics({"training_seconds": result.seconds, "sft_seconds": result.sft_seconds,
+                      "earlier_attempts_seconds": result.earlier_attempts_seconds,
                       "skipped_steps": result.skipped_steps, "steps": result.steps_done,
                       "selected_step": choice.selected_step})
     sink.set_tags({"policy.selection": choice.selection})

@@ -117,6 +117,9 @@ class CheckpointRef(_CostedOutput):
     metrics_path: str | None = None
     # (`seconds` 0: not recorded; the gate then uses training_seconds)
     training_seconds: float = 0.0
+    # Resumed after an interruption: earlier attempts' training seconds up to the checkpoint
+    # resumed from, included in `seconds` and `training_seconds`.
+    earlier_attempts_seconds: float = 0.0
     # Which policy `policy_dir` is (train.keep_best): "best", the best dev evaluation by
     # `select_metric`, or "last"; the last step's policy is `last_policy_dir` either way.
     selection: str = "last"

@@ -147,6 +147,9 @@ def test_early_stopping_ends_after_patience_evaluations_without_a_new_best(
     again = _train(cfg, init_dir, tmp_path / "early")
     assert again.resumed_from == 4 and again.steps_done == 4 and again.stopped_early
     assert again.best is not None and again.best.step == 2
+    # It reports what the training cost (every step's time and more), not the seconds of a
+    # run that trained no more.
+    assert sum(r["step_seconds"] for r in rows) < again.earlier_attempts_seconds <= result.seconds
     # Without early stopping the run goes on and finds the later, better evaluations.
     full = _train(_config(tmp_path, steps=6, checkpoint_every=5), init_dir, tmp_path / "full")
     assert not full.stopped_early and full.steps_done == 6 and full.best is not None

@@ -57,6 +57,10 @@ def test_resume_is_bit_for_bit(tmp_path: Path, init_dir: Path) -> None:
                          rollout_fn=fake_rollouts, progress=False)
     assert resumed.resumed_from == 2 and resumed.steps_done == 4
     assert resumed.losses == full.losses
+    # The resumed run's time includes the first attempt's, up to the checkpoint it left.
+    assert full.earlier_attempts_seconds == part.earlier_attempts_seconds == 0.0
+    assert 0.0 < resumed.earlier_attempts_seconds <= part.seconds
+    assert resumed.seconds > resumed.earlier_attempts_seconds
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "part")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # The policy moved away from its start (the test would pass vacuously otherwise).

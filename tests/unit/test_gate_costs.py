@@ -156,6 +156,12 @@ def test_stage_costs_from_references() -> None:
     assert len(notes) == 3 and "counted as 0" in notes[0]
     costs, notes = stage_costs(cur, CheckpointRef(policy_dir="p", fingerprint="f"), ev)
     assert costs[1].seconds is None and "not recorded" in notes[0]
+    # A resumed run: the note says how much of its time earlier attempts took.
+    resumed = CheckpointRef(policy_dir="p", fingerprint="f", training_seconds=500.0,
+                            seconds=1800.0, earlier_attempts_seconds=1200.0, devices=2)
+    costs, notes = stage_costs(cur, resumed, ev)
+    assert costs[1].seconds == 1800.0
+    assert notes == [notes[0]] and "resumed" in notes[0] and "1200 s" in notes[0]
 
 
 def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:

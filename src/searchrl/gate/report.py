@@ -234,6 +234,11 @@ def stage_costs(curriculum: CurriculumRef | None, checkpoint: CheckpointRef,
         cur = StageCost("curriculum", 0.0, 1)
     else:
         cur = StageCost("curriculum", curriculum.seconds, curriculum.devices)
+    if checkpoint.earlier_attempts_seconds > 0:
+        notes.append(f"training was resumed after an interruption: its wall time includes "
+                     f"{checkpoint.earlier_attempts_seconds:.0f} s of earlier attempts (up to "
+                     f"the checkpoint resumed from; work after it was redone and is counted "
+                     f"once)")
     if checkpoint.seconds > 0:
         train = StageCost("training", checkpoint.seconds, checkpoint.devices)
     elif checkpoint.training_seconds > 0:

@@ -141,8 +141,11 @@ class TrainResult:
     steps_done: int
     resumed_from: int
     skipped_steps: int
-    seconds: float
+    seconds: float  # GRPO wall seconds, earlier attempts' included (below)
     sft_seconds: float = 0.0
+    # A resumed run: the training seconds of earlier attempts up to the checkpoint resumed
+    # from (their work after it was redone, so it is not counted twice).
+    earlier_attempts_seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     final_metrics: dict[str, float] = field(default_factory=dict)
     # train.keep_best: the best dev evaluation and its policy (None: off, or never evaluated);
@@ -321,6 +324,8 @@ class TrainerState:
     n_ranks: int
     start_step: int = 0
     skipped: int = 0
+    earlier_seconds: float = 0.0  # earlier attempts' seconds up to the resumed checkpoint
+    started: float = field(default_factory=time.perf_counter)  # this attempt
     best: Best | None = None  # train.keep_best: the best dev evaluation so far (rank 0)
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -368,6 +373,7 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     started = time.perf_counter()
     state = setup_trainer(config, train_examples, searcher, init_dir, out_dir, sink=sink,
                           rollout_fn=rollout_fn, generator_factory=generator_factory)
+    state.started = started
     tcfg = config.train
     end = tcfg.steps if stop_after is None else min(tcfg.steps, state.start_step + stop_after)
     if stopped_early(state.history):
@@ -414,7 +420,7 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
             break
     bar.close()
     # --- save
-    return finish(state, init_dir, seconds=time.perf_counter() - started)
+    return finish(state, init_dir)
 
 
 EARLY_STOP_KEY = "early_stopped"
@@ -487,6 +493,7 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
     if ckpt is not None:
         saved = load_checkpoint(ckpt, engine)
         state.start_step, state.skipped = int(saved["step"]), int(saved["skipped"])
+        state.earlier_seconds = float(saved.get("seconds", 0.0))  # absent: older checkpoints
         sampler.load_state_dict(saved["sampler"])
         state.history = json.loads(saved["history"])
         state.losses = [h["loss"] for h in state.history if "loss" in h]
@@ -507,7 +514,7 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
 def generate(state: TrainerState, step: int) -> Rollouts:
     """Roll out this rank's questions of `step` (refilled with informative groups under
     `curriculum.dynamic_filtering`), seeded by step, call and rank."""
-    config, t0 = state.config, time.perf_counter()
+    config, times = state.config, dict[str, float]()
     group = config.rollout.group_size
     batches: list[RolloutBatch] = []
 
@@ -520,16 +527,17 @@ def generate(state: TrainerState, step: int) -> Rollouts:
 
     per_rank = config.train.questions_per_step // state.n_ranks
     fill: dict[str, float] = {}
-    if config.curriculum.dynamic_filtering:
-        groups, fill = fill_informative_groups(state.sampler, per_rank, group, roll,
-                                               config.curriculum.max_refill_rounds)
-        records = [r for g in groups for r in g]
-    else:
-        records = roll(state.sampler.draw(per_rank))
+    with _timed(times, "time_rollout_s"):
+        if config.curriculum.dynamic_filtering:
+            groups, fill = fill_informative_groups(state.sampler, per_rank, group, roll,
+                                                   config.curriculum.max_refill_rounds)
+            records = [r for g in groups for r in g]
+        else:
+            records = roll(state.sampler.draw(per_rank))
     metrics = {f"fill_{k}": v for k, v in fill.items() if k != "zero_variance_fraction"}
     for key in ("time_generation_s", "time_retrieval_s"):
         metrics[key] = sum(b.stats.get(key, 0.0) for b in batches)
-    metrics["time_rollout_s"] = time.perf_counter() - t0
+    metrics.update(times)
     return Rollouts(records=records, all_records=[r for b in batches for r in b.records],
                     metrics=metrics)
 
@@ -676,6 +684,7 @@ def checkpoint(state: TrainerState, done: int) -> None:
     dev evaluation so far (then best dirs no kept checkpoint names are dropped)."""
     save_checkpoint(state.checkpoints, done, state.engine,
                     {"skipped": state.skipped, "sampler": state.sampler.state_dict(),
+                     "seconds": state.earlier_seconds + time.perf_counter() - state.started,
                      "history": json.dumps(state.history),
                      "best": json.dumps(state.best.to_dict() if state.best else None)},
                     keep=state.config.train.keep_checkpoints)
@@ -683,7 +692,7 @@ def checkpoint(state: TrainerState, done: int) -> None:
         prune_best(state.out_dir, state.checkpoints, state.best)
 
 
-def finish(state: TrainerState, init_dir: Path, *, seconds: float) -> TrainResult:
+def finish(state: TrainerState, init_dir: Path) -> TrainResult:
     """Save the final policy and the curve once every step is done (rank 0), and report."""
     tcfg = state.config.train
     steps_done = max([h["step"] for h in state.history], default=0)
@@ -708,7 +717,9 @@ def finish(state: TrainerState, init_dir: Path, *, seconds: float) -> TrainResul
     last_value = last.get(tcfg.select_metric)
     return TrainResult(policy_dir=policy_dir, sft_dir=init_dir, metrics_path=state.metrics_path,
                        curve_path=curve, steps_done=steps_done, resumed_from=state.start_step,
-                       skipped_steps=state.skipped, seconds=seconds, losses=state.losses,
+                       skipped_steps=state.skipped,
+                       seconds=state.earlier_seconds + time.perf_counter() - state.started,
+                       earlier_attempts_seconds=state.earlier_seconds, losses=state.losses,
                        final_metrics=state.history[-1] if state.history else {},
                        best=state.best if best_policy is not None else None,
                        best_policy_dir=best_policy,
