@@ -1,6 +1,6 @@
 """Rollout throughput: batched KV-reusing rollouts vs per-sample `generate` over the full context.
 
-Usage: .venv/bin/python benchmarks/bench_rollout.py [--batch 32] [--threads 1] [--repeats 3]
+Usage: .venv/bin/python benchmarks/bench_rollout.py [--batch 32] [--threads 1] [--repeats 5]
        [--out f.json]
 
 For each model (the tiny default, 2 layers x 128, and a 4-layer 256-wide one) on the
@@ -170,7 +170,7 @@ def main() -> None:
                     help="torch intra-op threads (1 is fastest on a shared, loaded CPU)")
     ap.add_argument("--sft-steps", type=int, default=200)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
-    ap.add_argument("--repeats", type=int, default=3,
+    ap.add_argument("--repeats", type=int, default=5,
                     help="runs per generator, interleaved; the median run is reported")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
@@ -205,6 +205,9 @@ def main() -> None:
             for name, generator in generators.items():
                 trials[name].append(run(name, generator, test, searcher, cfg))
         runs = [sorted(t, key=lambda r: r["generation_s"])[len(t) // 2] for t in trials.values()]
+        # kv vs plain within each round (runs seconds apart): robust to the machine's drift.
+        round_ratios = sorted(p["generation_s"] / k["generation_s"]
+                              for k, p in zip(trials["kv"], trials["plain"], strict=True))
         identical = all(r["outputs"] == runs[0]["outputs"] for t in trials.values() for r in t)
         plain_tps = runs[-1]["tokens_per_s"]
         print(f"\n== {model_name}: batch {args.batch}, max_turns 3, threads {args.threads}, "
@@ -218,6 +221,8 @@ def main() -> None:
         for r in runs:
             print(f"{r['generator']:<8}{r['generation_s']:>9.2f}{r['sampled_tokens']:>9d}"
                   f"{r['tokens_per_s']:>11.1f}{r['tokens_per_s'] / plain_tps:>9.2f}x")
+        print(f"kv vs plain per round: median {round_ratios[len(round_ratios) // 2]:.2f}x, "
+              f"range {round_ratios[0]:.2f}-{round_ratios[-1]:.2f}x over {len(round_ratios)}")
         kv_run = runs[0]
         traffic = (decode_traffic(kv, kv_run["forward_calls"], kv_run["kv_slots_read"])
                    / kv_run["generation_s"])
@@ -232,6 +237,7 @@ def main() -> None:
             "kv_read_bandwidth_share": traffic / read_bandwidth,
             "runs": [{k: v for k, v in r.items() if k not in ("outputs", "example_text")}
                      for r in runs],
+            "kv_vs_plain_per_round": round_ratios,
             "generation_s_all": {name: [r["generation_s"] for r in t]
                                  for name, t in trials.items()},
         }
