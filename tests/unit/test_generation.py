@@ -256,6 +256,22 @@ def test_shared_prompts_are_prefilled_once(tok, random_model) -> None:  # type: 
     assert len({tuple(o.token_ids) for o in sampled}) > 1
 
 
+def test_common_prefix_len_matches_a_column_by_column_scan() -> None:
+    rng = torch.Generator().manual_seed(0)
+
+    def draw(n: int, high: int = 3) -> list[int]:
+        return torch.randint(0, high, (n,), generator=rng).tolist()
+
+    for _ in range(2000):
+        base = draw(int(torch.randint(0, 7, (1,), generator=rng)))
+        rows = [base[:int(torch.randint(0, len(base) + 1, (1,), generator=rng))]
+                + draw(int(torch.randint(0, 3, (1,), generator=rng)))
+                for _ in range(int(torch.randint(1, 5, (1,), generator=rng)))]
+        shortest = min(len(r) for r in rows)
+        scan = next((j for j in range(shortest) if len({r[j] for r in rows}) > 1), shortest)
+        assert hf._common_prefix_len(rows) == scan, rows
+
+
 def test_a_shared_prompt_template_is_prefilled_once(tok, random_model) -> None:  # type: ignore[no-untyped-def]
     """Prompts built from one template share most of their tokens: that prefix is prefilled
     once and fanned out, and each row attends to the same tokens at the same positions as a

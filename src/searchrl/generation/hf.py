@@ -103,13 +103,12 @@ def _reserve(cache: DynamicCache, slots: int) -> None:
             layer.headroom = slots
 
 
-def _common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
-    """How many leading tokens all `rows` share."""
-    first, n = rows[0], min(len(r) for r in rows)
-    for j in range(n):
-        if any(r[j] != first[j] for r in rows):
-            return j
-    return n
+def _common_prefix_len(rows: Sequence[list[int]]) -> int:
+    """How many leading tokens all `rows` share: as many as the lexicographically smallest
+    and largest rows share (every row sorts between them)."""
+    low, high = min(rows), max(rows)
+    return next((j for j, (a, b) in enumerate(zip(low, high, strict=False)) if a != b),
+                min(len(low), len(high)))
 
 
 def _growing_cache(config: Any) -> DynamicCache:
