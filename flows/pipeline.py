@@ -11,7 +11,8 @@ Stages, in order (each a task in `tasks/`, each an MLflow child run of one paren
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
 With `index.mode: service` the retrieval server runs around stages 3-5 (the ones that search):
-started after build_index on `index.service_url`, stopped when they end or fail.
+started on `index.service_url` when the first of them asks for a searcher (never, when all
+three come from cache), stopped when they end or fail.
 Run it: `python flows/pipeline.py --config configs/tiny.yaml [key.sub=value ...]`.
 """
 

@@ -16,9 +16,10 @@ import importlib.util
 import inspect
 import types
 from collections.abc import Callable, Iterable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from searchrl.data.io import known_sha256
 
 # Packages whose version can change a stage's numbers (models, kernels, tokenisers, indexes,
 # contracts); the rest (prefect, mlflow, tqdm, ...) only change how a result is reported.
@@ -130,16 +131,6 @@ def _function_roots(fn: Callable[..., Any], package: str) -> tuple[list[str], se
     return sources, modules
 
 
-@lru_cache(maxsize=256)
-def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    stat = path.stat()
-    return _file_digest(path, stat.st_mtime_ns, stat.st_size)
-
-
 def code_fingerprint(fn: Callable[..., Any], package: str = "searchrl") -> str:
     """sha256 over `fn`'s own code, the package modules it reaches, and result packages."""
     sources, roots = _function_roots(fn, package)
@@ -148,7 +139,7 @@ def code_fingerprint(fn: Callable[..., Any], package: str = "searchrl") -> str:
     for source in sources:
         h.update(source.encode())
     for name in sorted(closure):
-        h.update(f"\n{name}={file_digest(closure[name])}".encode())
+        h.update(f"\n{name}={known_sha256(closure[name])}".encode())
     for name, version in sorted(package_versions().items()):
         h.update(f"\n{name}=={version}".encode())
     return h.hexdigest()

@@ -188,8 +188,9 @@ class IndexConfig(_Section):
     # True: search on GPU, fail if faiss has none; "auto": GPU where faiss-gpu sees one.
     use_gpu: bool | Literal["auto"] = "auto"
     # service: rollouts search over HTTP (retrieval/server.py). With service_managed the flow
-    # starts the server on service_host:service_port after build_index and stops it when the
-    # flow ends (retrieval/service.py); otherwise it only health-checks service_url.
+    # starts the server on service_host:service_port when the first stage searches and stops
+    # it when the searching stages end (retrieval/service.py); otherwise it only
+    # health-checks service_url.
     mode: Literal["inprocess", "service"] = "inprocess"
     service_managed: bool = True
     # Derived from host/port when not given (and host/port from it): never a per-run value,

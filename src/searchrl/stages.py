@@ -255,6 +255,9 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     if my_rank is None:
         _begin(out_dir)
         if launch.mode == "deepspeed":
+            from searchrl.retrieval.service import start_pending_service
+
+            start_pending_service()  # the ranks search through the flow's managed server
             launch_ranks(config, out_dir, mlflow_run_id=sink.run_id,
                          tracking_uri=sink.tracking_uri)
             # the stage's wall time includes starting the ranks

@@ -75,8 +75,8 @@ def test_editing_a_library_module_reruns_the_stages_that_reach_it(
         first_run: dict[str, Any], workspace: list[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     # As if rl/rewards.py had been edited: its digest changes, every other file's stays.
-    real = codehash.file_digest
-    monkeypatch.setattr(codehash, "file_digest", lambda path: real(path) + (
+    real = codehash.known_sha256
+    monkeypatch.setattr(codehash, "known_sha256", lambda path: real(path) + (
         "-edited" if path.parts[-2:] == ("rl", "rewards.py") else ""))
     rerun = pipeline(config_path="configs/tiny.yaml", overrides=workspace)
     assert _stages_run(rerun) == STAGES - {"validate_gold_labels", "build_index"}

@@ -1,6 +1,7 @@
 """`index.mode=service` end to end under prefect_test_harness: the flow starts the retrieval
-server after build_index, curriculum / train / evaluate search through it, it stops with the
-flow; the greedy evaluation equals the same pipeline's in-process one."""
+server for the first searching stage, curriculum / train / evaluate search through it (a
+re-run with them cached never starts it), it stops with the flow; the greedy evaluation
+equals the same pipeline's in-process one."""
 
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ def runs(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory
     port = free_port()
     inprocess = pipeline(config_path="configs/tiny.yaml",
                          overrides=[*base, f"run.work_dir={tmp / 'inprocess'}"])
-    service = pipeline(config_path="configs/tiny.yaml", overrides=[
+    service_overrides = [
         *base, f"run.work_dir={tmp / 'service'}", "index.mode=service",
-        f"index.service_port={port}", f"index.service_url=http://127.0.0.1:{port}"])
+        f"index.service_port={port}", f"index.service_url=http://127.0.0.1:{port}"]
+    service = pipeline(config_path="configs/tiny.yaml", overrides=service_overrides)
     return {"inprocess": inprocess, "service": service, "port": port,
+            "service_overrides": service_overrides,
             "service_dir": tmp / "service" / "retrieval_service"}
 
 
@@ -73,3 +76,14 @@ def test_the_flow_ran_the_server_for_the_searching_stages_and_stopped_it(
     check_port_free("127.0.0.1", runs["port"])  # stopped
     # The generated token lived for the flow run only.
     assert "SEARCHRL_RETRIEVER_TOKEN" not in os.environ
+
+
+def test_a_rerun_whose_searching_stages_are_cached_never_starts_the_server(
+        runs: dict[str, Any]) -> None:
+    log = runs["service_dir"] / "server.log"
+    started = log.stat().st_mtime_ns
+    again = pipeline(config_path="configs/tiny.yaml", overrides=runs["service_overrides"])
+    assert not child_runs(again["tracking_uri"], again["parent_run_id"])  # all from cache
+    assert again["decision"].label == runs["service"]["decision"].label
+    assert log.stat().st_mtime_ns == started  # the server was not started again
+    check_port_free("127.0.0.1", runs["port"])

@@ -202,3 +202,33 @@ def test_a_wholly_unreadable_file_is_one_line_naming_it(tmp_path: Path, name: st
     with pytest.raises(DataError, match=match) as info:
         read_raw_qa_rows_lenient(path)
     assert "\n" not in str(info.value)
+
+
+def test_fingerprints_read_a_file_once_while_it_is_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from searchrl.data import io
+
+    reads: list[Path] = []
+    real = io.content_sha256
+    monkeypatch.setattr(io, "content_sha256", lambda p: reads.append(p) or real(p))
+    io._sha256_for_stat.cache_clear()
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "weights.bin").write_bytes(b"a" * 1000)
+    (policy / "config.json").write_text("{}")
+    first = fingerprint(policy)
+    assert [fingerprint(policy) for _ in range(3)] == [first] * 3
+    assert len(reads) == 2  # each file read once, not four times
+    # A rewrite of the same size is seen: atomically replaced (new inode) ...
+    tmp = policy / "weights.tmp"
+    tmp.write_bytes(b"b" * 1000)
+    os.replace(tmp, policy / "weights.bin")
+    second = fingerprint(policy)
+    assert second != first
+    # ... or written in place (new modification time).
+    stat = (policy / "weights.bin").stat()
+    (policy / "weights.bin").write_bytes(b"c" * 1000)
+    os.utime(policy / "weights.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert fingerprint(policy) not in (first, second)

@@ -18,11 +18,11 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from searchrl.config import IndexConfig
+from searchrl.config import IndexConfig, PipelineConfig
 from searchrl.data.io import read_qa
 from searchrl.retrieval.base import SearchError
 from searchrl.retrieval.client import RetrievalClient
-from searchrl.retrieval.index_store import build_index, load_corpus_searcher
+from searchrl.retrieval.index_store import build_index, load_corpus_searcher, load_searcher
 from searchrl.retrieval.server import (
     MAX_CLIENTS,
     OTHER_CLIENTS,
@@ -31,7 +31,14 @@ from searchrl.retrieval.server import (
     load_service_searcher,
     query_flags,
 )
-from searchrl.retrieval.service import ServiceError, check_port_free, check_service, serve_index
+from searchrl.retrieval.service import (
+    ServiceError,
+    check_port_free,
+    check_service,
+    retrieval_service,
+    serve_index,
+    start_pending_service,
+)
 from searchrl.sinks import NullSink
 from searchrl.types import SearchHit
 from tests.helpers import free_port, serving
@@ -438,6 +445,31 @@ def test_a_taken_port_fails_before_starting(real_index: Path) -> None:
         with (pytest.raises(ServiceError, match=r"set index\.service_port and index\.service_url"),
               serve_index(real_index, config)):
             pytest.fail("must not start")
+
+
+def test_the_flows_server_starts_with_its_first_searcher_only(
+        real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-run whose searching stages all come from cache never loads the index."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    index = _service_config()
+    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
+        update={"index": index})
+    log = tmp_path / "retrieval_service" / "server.log"
+    with retrieval_service(config, real_index) as url:
+        assert url == index.service_url
+        check_port_free("127.0.0.1", index.service_port)  # nothing serves yet
+    assert not log.exists()
+    # The first searcher starts it, the next shares it, and it stops with the block.
+    with retrieval_service(config, real_index):
+        first = load_searcher(real_index, index)
+        pid = first.health()["pid"]  # type: ignore[attr-defined]
+        second = load_searcher(real_index, index)
+        assert second.health()["pid"] == pid  # type: ignore[attr-defined]
+        first.close()  # type: ignore[attr-defined]
+        second.close()  # type: ignore[attr-defined]
+    assert _gone(pid) and log.is_file()
+    start_pending_service()  # outside a block there is nothing to start
+    check_port_free("127.0.0.1", index.service_port)
 
 
 def test_an_unreachable_external_service_fails_fast() -> None:

@@ -14,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -241,11 +242,26 @@ def read_passages(source: str | Path) -> list[Passage]:
 
 
 def content_sha256(path: Path) -> str:
+    """sha256 of the file's bytes, read now (checkpoint verification wants exactly this)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def known_sha256(path: Path) -> str:
+    """`content_sha256`, not read again in this process while the file's path, size,
+    modification time and inode are unchanged. Fingerprints are asked for many times per
+    pipeline run (every stage's cache key re-checks its inputs' files, policies and indexes
+    of gigabytes among them); a rewrite changes the inode (atomic rename) or the mtime."""
+    stat = path.stat()
+    return _sha256_for_stat(str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@lru_cache(maxsize=4096)
+def _sha256_for_stat(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    return content_sha256(Path(path))
 
 
 # A directory's manifest (an index component's) lives inside it, written last.
@@ -312,7 +328,7 @@ def read_manifest(path: str | Path, *, directory: bool = False) -> dict[str, Any
         manifest: dict[str, Any] = json.loads(mpath.read_text())
     except (OSError, json.JSONDecodeError):  # a torn or missing manifest is no manifest
         return None
-    if not directory and not (path.is_file() and manifest.get("sha256") == content_sha256(path)):
+    if not directory and not (path.is_file() and manifest.get("sha256") == known_sha256(path)):
         return None
     return manifest
 
@@ -327,11 +343,11 @@ def fingerprint(path: str | Path) -> str:
         digest = hashlib.sha256()
         for child in sorted(p for p in path.rglob("*") if p.is_file()):
             digest.update(str(child.relative_to(path)).encode())
-            digest.update(content_sha256(child).encode())
+            digest.update(known_sha256(child).encode())
         return digest.hexdigest()
     if not path.exists():
         raise DataError(f"{path}: file not found")
-    return content_sha256(path)
+    return known_sha256(path)
 
 
 def log_tail(path: Path, lines: int) -> str:

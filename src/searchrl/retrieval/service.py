@@ -18,7 +18,10 @@ next to its log, then stops it: SIGTERM, SIGKILL after `service_stop_grace_s`. T
 also stops by itself when this process dies (`--exit-with-parent`).
 
 `retrieval_service(config, index_dir)` is what the flow uses: the managed server, a health
-check of an external one (`service_managed: false`), or nothing for `mode: inprocess`.
+check of an external one (`service_managed: false`), or nothing for `mode: inprocess`. The
+managed server starts when the first stage inside the block asks for a searcher
+(`start_pending_service`, called by `load_searcher` and before launching DeepSpeed ranks), so
+a re-run whose searching stages all come from cache never loads the index.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,10 +209,27 @@ def check_service(config: IndexConfig) -> dict[str, Any]:
         client.close()
 
 
+# The managed server a `retrieval_service` block will start for the first stage that searches.
+_pending: Callable[[], object] | None = None
+_pending_lock = threading.Lock()
+
+
+def start_pending_service() -> None:
+    """Start the managed retrieval server of the enclosing `retrieval_service` block, if it
+    has not started yet; nothing otherwise (outside a block, or already running)."""
+    global _pending
+    with _pending_lock:
+        start, _pending = _pending, None
+    if start is not None:
+        start()
+
+
 @contextlib.contextmanager
 def retrieval_service(config: PipelineConfig, index_dir: str | Path) -> Iterator[str | None]:
     """What the searching stages need around them: the managed server (`index.mode:
-    service`), a checked external one (`service_managed: false`), or nothing (yields None)."""
+    service`, started by the first stage that searches), a checked external one
+    (`service_managed: false`), or nothing (yields None)."""
+    global _pending
     index = config.index
     if index.mode != "service":
         yield None
@@ -217,5 +238,12 @@ def retrieval_service(config: PipelineConfig, index_dir: str | Path) -> Iterator
         yield index.service_url
     else:
         log_dir = Path(config.run.work_dir) / "retrieval_service"
-        with serve_index(index_dir, index, log_dir=log_dir) as url:
-            yield url
+        with contextlib.ExitStack() as running:
+            with _pending_lock:
+                _pending = lambda: running.enter_context(  # noqa: E731
+                    serve_index(index_dir, index, log_dir=log_dir))
+            try:
+                yield index.service_url
+            finally:
+                with _pending_lock:
+                    _pending = None
