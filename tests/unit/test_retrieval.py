@@ -21,6 +21,7 @@ from searchrl.retrieval.index_store import (
     build_indexes,
     load_searcher,
     measure_recall,
+    resolve_corpus,
 )
 from searchrl.retrieval.scan import scan_corpus
 from searchrl.rl.prompts import neutralize_tags
@@ -269,6 +270,29 @@ def test_build_indexes_writes_one_dir_per_corpus(corpus_path: Path, tmp_path: Pa
         == "o1"
     assert load_searcher(stage, BM25_ONLY).search_batch(["moon"], 3) == [[]]
     assert [r.name for r in results] == ["main", "other"]
+
+
+def test_a_corpus_shared_by_eval_sets_is_indexed_once(corpus_path: Path, tmp_path: Path) -> None:
+    """prepare-data points every extra eval set at its one corpus (and validation copies it):
+    the same content is indexed once, the other names alias it, recall covers every set."""
+    copy = tmp_path / "extra_corpus_copy.jsonl"
+    write_jsonl(copy, CORPUS)
+    other = tmp_path / "other.jsonl"
+    write_jsonl(other, [{"id": "o1", "contents": "Quorn is a moon of Brask."}])
+    qa = tmp_path / "qa.jsonl"
+    write_jsonl(qa, [{"id": "q1", "question": "Who founded Zeppo Works?",
+                      "golden_answers": ["Ailen Dour"], "supporting_doc_ids": ["d4"]}])
+    stage = tmp_path / "stage"
+    _, results = build_indexes({"main": corpus_path, "copy": copy, "other": other},
+                               {"main": {"test": qa}, "copy": {"copy": qa}}, stage, BM25_ONLY,
+                               NullSink(), progress=False)
+    assert [r.name for r in results] == ["main", "other"] and not (stage / "copy").exists()
+    assert set(results[0].recall) == {"test", "copy"}  # eval set -> retriever -> k -> recall
+    manifest = json.loads((stage / "manifest.json").read_text())
+    assert manifest["aliases"] == {"copy": "main"}
+    assert resolve_corpus(stage, "copy") == stage / "main"
+    assert (load_searcher(stage, BM25_ONLY, corpus="copy").search_batch(["Zeppo"], 1)
+            == load_searcher(stage, BM25_ONLY).search_batch(["Zeppo"], 1))
 
 
 def test_load_searcher_refuses_missing_retrievers_and_returns_client_in_service_mode(

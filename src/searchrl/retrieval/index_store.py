@@ -417,15 +417,25 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
                   stage_dir: Path, config: IndexConfig, sink: MetricsSink,
                   progress: bool = True) -> tuple[str, list[IndexBuildResult]]:
     """`build_index` for each corpus (name -> path) into `stage_dir/<name>`, then
-    `stage_dir/manifest.json` (written last) and `stage_dir/report.json`.
+    `stage_dir/manifest.json` (written last) and `stage_dir/report.json`. Corpora with the
+    same content are indexed once, under the first name (prepare-data points every extra
+    eval set at the corpus it wrote; at wiki scale each index takes hours): the manifest's
+    `aliases` maps the other names to it, and its recall covers all their eval sets.
 
-    Returns (combined fingerprint, per-corpus results).
+    Returns (combined fingerprint, per-corpus results, one per distinct corpus).
     """
     stage_dir.mkdir(parents=True, exist_ok=True)
     (stage_dir / DIR_MANIFEST).unlink(missing_ok=True)
-    results = [build_index(path, stage_dir / name, config, dict(eval_sets.get(name, {})), sink,
-                           name=name, progress=progress)
-               for name, path in corpora.items()]
+    first: dict[str, str] = {}  # corpus content fingerprint -> the name it is indexed under
+    aliases: dict[str, str] = {}
+    for name, path in corpora.items():
+        aliases[name] = first.setdefault(fingerprint(path), name)
+    measured: dict[str, dict[str, Path]] = {}
+    for name, built in aliases.items():
+        measured.setdefault(built, {}).update(eval_sets.get(name, {}))
+    results = [build_index(corpora[name], stage_dir / name, config, sets, sink, name=name,
+                           progress=progress)
+               for name, sets in measured.items()]
     combined = _key_fingerprint({r.name: r.fingerprint for r in results})
     report = {r.name: {"passages": r.passages, "fingerprint": r.fingerprint,
                        "reused": r.components, "build_seconds": r.build_seconds,
@@ -436,7 +446,8 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
     atomic_write_text(stage_dir / "report.json", json.dumps(report, indent=2))
     atomic_write_text(stage_dir / DIR_MANIFEST, json.dumps(
         {"format": FORMAT_VERSION, "complete": True, "fingerprint": combined,
-         "retriever": config.retriever, "corpora": {r.name: r.fingerprint for r in results}},
+         "retriever": config.retriever, "corpora": {r.name: r.fingerprint for r in results},
+         "aliases": {n: built for n, built in aliases.items() if n != built}},
         indent=2, sort_keys=True))
     return combined, results
 
@@ -445,10 +456,13 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
 
 
 def resolve_corpus(index_dir: Path, corpus: str) -> Path:
+    """The directory holding `corpus`'s index: `index_dir` itself when that is one corpus
+    directory, else the corpus's (or the one it aliases, see `build_indexes`) under it."""
     manifest = read_manifest(index_dir, directory=True)
     if manifest is not None and "corpus_fingerprint" in manifest:
         return index_dir  # already a corpus directory
-    return index_dir / corpus
+    aliases: dict[str, str] = manifest.get("aliases", {}) if manifest is not None else {}
+    return index_dir / aliases.get(corpus, corpus)
 
 
 def load_corpus_searcher(corpus_dir: Path, config: IndexConfig,
