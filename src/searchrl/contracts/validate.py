@@ -301,9 +301,12 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     # --- corpora
     corpora: dict[str, list[Passage]] = {}
     suites: list[SuiteResult] = []
+    parsed_corpora: dict[Path, list[Passage]] = {}  # one file may serve several names
     for name, path in source_paths.items():
         if _is_corpus(name):
-            corpora[name] = read_passages(path)
+            if path not in parsed_corpora:
+                parsed_corpora[path] = read_passages(path)
+            corpora[name] = parsed_corpora[path]
             suites.append(_check_corpus(runner, name, path, corpora[name]))
 
     # --- QA splits: corrections, contract, schema

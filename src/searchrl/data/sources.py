@@ -86,7 +86,15 @@ def materialise_sources(cfg: DataConfig, out_dir: Path, *,
     for name, src in cfg.extra_eval.items():
         paths[f"extra_eval:{name}"] = out_dir / f"extra_eval_{safe_filename(name)}.jsonl"
         write_jsonl(paths[f"extra_eval:{name}"], _qa_rows(f"extra_eval:{name}", src, provenance))
+    # A corpus file is copied once: prepare-data points every extra eval set at the corpus it
+    # wrote, which is often the main one too (a wiki-scale corpus per set is hours and disk).
+    copies: dict[Path, Path] = {}
+    if cfg.source != "synthetic" and cfg.corpus_path is not None:
+        copies[Path(cfg.corpus_path).resolve()] = paths["corpus"]
     for name, src in cfg.extra_corpus.items():
-        paths[f"extra_corpus:{name}"] = out_dir / f"extra_corpus_{safe_filename(name)}.jsonl"
-        write_jsonl(paths[f"extra_corpus:{name}"], read_passages(src))
+        source = Path(src).resolve()
+        if source not in copies:
+            copies[source] = out_dir / f"extra_corpus_{safe_filename(name)}.jsonl"
+            write_jsonl(copies[source], read_passages(src))
+        paths[f"extra_corpus:{name}"] = copies[source]
     return paths
