@@ -177,7 +177,8 @@ def test_growing_kv_buffers_give_the_same_numbers_as_concatenation(  # type: ign
         return [(r.response_ids, r.old_logprobs) for r in batch.records]
 
     grown = rollouts()
-    monkeypatch.setattr(hf, "_growing_cache", lambda config: hf.DynamicCache(config=config))
+    monkeypatch.setattr(hf, "_growing_cache",
+                        lambda config, headroom: hf.DynamicCache(config=config))
     assert rollouts() == grown
     assert len({len(ids) for ids, _ in grown}) > 1  # rows of different lengths, turns
 

@@ -111,12 +111,14 @@ def _common_prefix_len(rows: Sequence[list[int]]) -> int:
                 min(len(low), len(high)))
 
 
-def _growing_cache(config: Any) -> DynamicCache:
-    """The model's `DynamicCache`, full-attention layers replaced by `_GrowingLayer`s."""
+def _growing_cache(config: Any, headroom: int) -> DynamicCache:
+    """The model's `DynamicCache`, full-attention layers replaced by `_GrowingLayer`s that
+    keep `headroom` free slots when they reallocate."""
     cache = DynamicCache(config=config)
     grown: list[Any] = [_GrowingLayer() if type(layer) is DynamicLayer  # type: ignore[no-untyped-call]
                         else layer for layer in cache.layers]
     cache.layers = grown
+    _reserve(cache, headroom)
     return cache
 
 
@@ -205,9 +207,9 @@ class HFGenerator(_HFBackend):
         was_training = self.model.training
         self.model.train(False)
         try:
-            state = self._reusable_state(ctx, keys)
             self._headroom = max(limits_per_row)
-            _reserve(state.cache, self._headroom)
+            state = self._reusable_state(ctx, keys)
+            _reserve(state.cache, self._headroom)  # a reused cache kept its last call's room
             if any(state.cached):
                 logits = self._prefill(state, [c[len(state.cached[i]):]
                                                for i, c in enumerate(ctx)])
@@ -224,7 +226,7 @@ class HFGenerator(_HFBackend):
     def _fresh_state(self, n: int, keys: Sequence[str] | None) -> _CacheState:
         return _CacheState(
             keys=list(keys) if keys is not None else [""] * n,
-            cache=_growing_cache(self.model.config),
+            cache=_growing_cache(self.model.config, self._headroom),
             attention=torch.zeros((n, 0), dtype=torch.long, device=self.device),
             next_pos=[0] * n, cached=[[] for _ in range(n)],
         )
@@ -310,7 +312,6 @@ class HFGenerator(_HFBackend):
         if len(contexts) == len(ctx) and not shared:
             return state, self._prefill(state, ctx)
         unique = self._fresh_state(1 if shared else len(contexts), None)
-        _reserve(unique.cache, self._headroom)
         if shared:
             self._prefill(unique, [contexts[0][:shared]])
             unique = self._fan_out(unique, [0] * len(contexts), [""] * len(contexts))
@@ -394,8 +395,7 @@ class HFGenerator(_HFBackend):
     def _narrow(self, state: _CacheState, rows: list[int]) -> _CacheState:
         """A forward batch of just `rows` of `state`: a copy of their cache rows and mask."""
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        cache = _growing_cache(self.model.config)
-        _reserve(cache, self._headroom)
+        cache = _growing_cache(self.model.config, self._headroom)
         # Only narrowed when every layer is a DynamicLayer (see `_decode`).
         layers = cast(list[DynamicLayer], state.cache.layers)
         for part, source in zip(cast(list[DynamicLayer], cache.layers), layers, strict=True):

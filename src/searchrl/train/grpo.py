@@ -334,6 +334,10 @@ class TrainerState:
     metrics_path: Path = field(init=False)
     pad_id: int = field(init=False)
 
+    def seconds_so_far(self) -> float:
+        """Training wall seconds of this run: earlier attempts' and this one's so far."""
+        return self.earlier_seconds + time.perf_counter() - self.started
+
     def __post_init__(self) -> None:
         self.lead = self.rank == 0
         self.checkpoints = self.out_dir / "checkpoints"
@@ -684,7 +688,7 @@ def checkpoint(state: TrainerState, done: int) -> None:
     dev evaluation so far (then best dirs no kept checkpoint names are dropped)."""
     save_checkpoint(state.checkpoints, done, state.engine,
                     {"skipped": state.skipped, "sampler": state.sampler.state_dict(),
-                     "seconds": state.earlier_seconds + time.perf_counter() - state.started,
+                     "seconds": state.seconds_so_far(),
                      "history": json.dumps(state.history),
                      "best": json.dumps(state.best.to_dict() if state.best else None)},
                     keep=state.config.train.keep_checkpoints)
@@ -718,7 +722,7 @@ def finish(state: TrainerState, init_dir: Path) -> TrainResult:
     return TrainResult(policy_dir=policy_dir, sft_dir=init_dir, metrics_path=state.metrics_path,
                        curve_path=curve, steps_done=steps_done, resumed_from=state.start_step,
                        skipped_steps=state.skipped,
-                       seconds=state.earlier_seconds + time.perf_counter() - state.started,
+                       seconds=state.seconds_so_far(),
                        earlier_attempts_seconds=state.earlier_seconds, losses=state.losses,
                        final_metrics=state.history[-1] if state.history else {},
                        best=state.best if best_policy is not None else None,
