@@ -96,6 +96,13 @@ class _GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 _NARROW_AT = 0.5
 
 
+def _full_attention_only(cache: DynamicCache) -> bool:
+    """Every layer keeps every token (plain `DynamicLayer`s or ours), so slots and rows can be
+    dropped or copied freely. Subclasses such as the sliding-window and quantized layers keep
+    their own bookkeeping and are left alone."""
+    return all(type(layer) in (DynamicLayer, _GrowingLayer) for layer in cache.layers)
+
+
 def _reserve(cache: DynamicCache, slots: int) -> None:
     """Let the cache's growing layers keep `slots` free slots when they reallocate."""
     for layer in cache.layers:
@@ -251,7 +258,7 @@ class HFGenerator(_HFBackend):
         # Drop slots no remaining row uses (rows that left the batch leave holes behind).
         used = attention.any(dim=0)
         layers = list(old.cache.layers)
-        if not bool(used.all()) and all(isinstance(x, DynamicLayer) for x in layers):
+        if not bool(used.all()) and _full_attention_only(old.cache):
             keep = used.nonzero().squeeze(-1)
             for layer in layers:
                 dyn = cast(DynamicLayer, layer)
@@ -349,7 +356,7 @@ class HFGenerator(_HFBackend):
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish: list[FinishReason | None] = [None] * n
-        narrowable = all(isinstance(layer, DynamicLayer) for layer in state.cache.layers)
+        narrowable = _full_attention_only(state.cache)
         rows, batch, since = list(range(n)), state, 0  # the forward batch: `state` rows `rows`
         while True:
             next_ids, next_lp = sample_next(logits, params, rng)
@@ -396,7 +403,7 @@ class HFGenerator(_HFBackend):
         """A forward batch of just `rows` of `state`: a copy of their cache rows and mask."""
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         cache = _growing_cache(self.model.config, self._headroom)
-        # Only narrowed when every layer is a DynamicLayer (see `_decode`).
+        # Only narrowed when every layer is a full-attention DynamicLayer (see `_decode`).
         layers = cast(list[DynamicLayer], state.cache.layers)
         for part, source in zip(cast(list[DynamicLayer], cache.layers), layers, strict=True):
             assert source.keys is not None and source.values is not None
