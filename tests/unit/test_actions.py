@@ -11,7 +11,8 @@ from searchrl.rl.actions import (
     extract_answer,
     parse_action,
 )
-from searchrl.rl.prompts import build_prompt, format_passages, neutralize_tags
+from searchrl.rl.prompts import build_prompt, format_passages
+from searchrl.tags import neutralize_tags
 from searchrl.types import SearchHit
 
 

@@ -107,3 +107,82 @@ def test_the_generator_rule_sees_a_direct_construction(tmp_path: Path) -> None:
     probe.write_text("def f(m, t):\n    from searchrl.generation.hf import HFGenerator\n"
                      "    return HFGenerator(m, t)\n")
     assert "HFGenerator" in _generator_uses(probe)
+
+
+# --- the package import graph
+
+
+def _package_graph(root: Path) -> dict[str, set[str]]:
+    """Package-level imports under `root` (the `searchrl` package directory): node = a
+    subpackage or a top-level module; an edge where any module of one imports (anywhere in its
+    body, lazily included) a module of the other."""
+    package = root.name
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        source = parts[0]
+        targets = graph.setdefault(source, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                dotted = name.split(".")
+                if dotted[0] == package and len(dotted) > 1 and dotted[1] != source:
+                    targets.add(dotted[1])
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_two_library_packages_import_each_other() -> None:
+    # e.g. retrieval importing rl.prompts for the tag helpers while rl.rollout imports
+    # retrieval.base: those helpers live in searchrl/tags.py, below both.
+    graph = _package_graph(SRC)
+    assert _cycles(graph) == []
+    assert {"retrieval", "rl", "tags"} <= set(graph) and "tags" in graph["retrieval"]
+
+
+def test_the_cycle_checker_sees_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
+    root = tmp_path / "searchrl"
+    for package, text in (("a", "from searchrl.b.x import f\n"),
+                          ("b", "def f():\n    import searchrl.c\n"),
+                          ("c", "from searchrl.a import y\n")):
+        (root / package).mkdir(parents=True)
+        (root / package / "x.py").write_text(text)
+    (root / "top.py").write_text("from searchrl.a.x import z\n")
+    assert _cycles(_package_graph(root)) == [["a", "b", "c"]]

@@ -24,8 +24,8 @@ from searchrl.retrieval.index_store import (
     resolve_corpus,
 )
 from searchrl.retrieval.scan import scan_corpus
-from searchrl.rl.prompts import neutralize_tags
 from searchrl.sinks import NullSink
+from searchrl.tags import neutralize_tags
 from searchrl.types import Passage
 from tests.helpers import RecordingSink
 

@@ -22,7 +22,7 @@ import httpx
 from searchrl.config import IndexConfig
 from searchrl.httpx_helpers import request_json
 from searchrl.retrieval.base import SearchError
-from searchrl.rl.prompts import neutralize_tags
+from searchrl.tags import neutralize_tags
 from searchrl.types import SearchHit
 
 

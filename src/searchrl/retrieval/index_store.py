@@ -57,8 +57,8 @@ from searchrl.retrieval.dense import (
 )
 from searchrl.retrieval.hybrid import rrf_fuse
 from searchrl.retrieval.scan import scan_corpus
-from searchrl.rl.prompts import neutralize_tags
 from searchrl.sinks import MetricsSink
+from searchrl.tags import neutralize_tags
 from searchrl.types import Passage, SearchHit
 
 FORMAT_VERSION = 1

@@ -66,7 +66,7 @@ from searchrl.retrieval.index_store import (
     load_corpus_searcher,
     resolve_corpus,
 )
-from searchrl.rl.prompts import TAG_LIKE
+from searchrl.tags import TAG_LIKE
 from searchrl.types import SearchHit
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ A rollout turn is generated until `</search>`, `</answer>` or EOS. `parse_action
 text the policy generated in that turn into one action: `Search(query)`, `Answer(text)` or
 `Invalid(reason)`. It is only ever given policy text (plus the trusted `<answer>` opener the
 template may insert), never the prompt or inserted `<information>`; that is what keeps an
-`<answer>` inside a passage from scoring (and `rl.prompts.neutralize_tags` defuses tags in
+`<answer>` inside a passage from scoring (and `searchrl.tags.neutralize_tags` defuses tags in
 that text besides).
 """
 

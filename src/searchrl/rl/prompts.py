@@ -5,28 +5,15 @@ Protocol (Search-R1): the policy reasons in `<think>...</think>`, asks the searc
 (inserted by the rollout, never sampled) and ends with `<answer>...</answer>`.
 
 Everything here is trusted template text. Text from outside (questions, passages, search
-errors) goes through `neutralize_tags` before it is placed next to the tags.
+errors) goes through `searchrl.tags.neutralize_tags` before it is placed next to the tags.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
+from searchrl.tags import neutralize_tags
 from searchrl.types import SearchHit
-
-# The protocol's tags.
-TAGS = ("think", "search", "information", "answer")
-
-# Anything in untrusted text that a tokenizer or a parser of the rollout could take for a tag:
-# the protocol's tags and the tool-use tags of common chat templates, tolerant of case, inner
-# spaces, attributes and a missing `>` (`< /Answer >`, `<ANSWER id=1>`, `<answer`), and
-# chat-template markers (`<|im_end|>`).
-TAG_LIKE = re.compile(
-    r"<\s*/?\s*(?:" + "|".join((*TAGS, "result", "tool_call", "tool_response"))
-    + r")\b(?:[^<>]*>)?|<\|[^<>|]{0,40}\|>",
-    re.IGNORECASE,
-)
 
 PROMPT_TEMPLATE = (
     "Answer the question. Reason inside <think> and </think>. To look something up, write "
@@ -45,16 +32,6 @@ INFO_CLOSE = "</information>\n"
 ANSWER_OPEN = "<answer>"
 
 STOP_STRINGS = ("</search>", "</answer>")
-
-
-def neutralize_tags(text: str) -> str:
-    """`text` with every `TAG_LIKE` match escaped (`<answer>` -> `&lt;answer&gt;`), other text
-    (`a < b`, `<b>bold</b>`) as is. Idempotent: an escaped tag contains no `<`.
-
-    A passage carrying `</information><answer>X</answer>` could otherwise end the information
-    block and forge an answer.
-    """
-    return TAG_LIKE.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
 
 
 def build_prompt(question: str) -> str:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 from searchrl.config import RewardConfig
 from searchrl.rl.actions import extract_answer
-from searchrl.rl.prompts import TAGS
+from searchrl.tags import TAGS
 from searchrl.text import normalize_answer
 
 _TAG = re.compile(r"</?(" + "|".join(TAGS) + r")>")
