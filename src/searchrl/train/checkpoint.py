@@ -23,8 +23,8 @@ alone makes the temp dir, the replicated ZeRO-0 weights, the manifest and the re
 barriers between; the manifest records the world size and resuming with another refuses.
 
 Run identity: `run_identity` hashes what a checkpoint must match to be resumed (the settings
-that shape training, the start policy, the questions); `prepare_checkpoint_dir` moves another
-run's checkpoints aside (`checkpoints.superseded-<time>`, kept as evidence), returns the
+that shape the training run, the start policy, the questions' content);
+`prepare_checkpoint_dir` moves another run's checkpoints aside (`checkpoints.superseded-<time>`, kept as evidence), returns the
 checkpoint to resume (or None), and refuses when checkpoints exist but none verifies.
 """
 
@@ -47,20 +47,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, content_sha256
+from searchrl.data.io import atomic_write_text, content_sha256, records_fingerprint
 from searchrl.train.ds import barrier, rank, world_size
+from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _PREFIX = "step_"
 RUN_KEY_FILE = "run_key.json"
-# Train settings that may change between a run and its resume (how long, how often to save
-# or evaluate); every other setting is part of the run's identity.
-OPERATIONAL_TRAIN_KEYS = frozenset({"steps", "checkpoint_every", "keep_checkpoints", "resume",
-                                    "eval_every", "eval_questions", "max_nonfinite_steps",
-                                    "sft", "launch", "keep_best", "select_metric",
-                                    "select_mode"})
 
 
 class CheckpointError(RuntimeError):
@@ -277,19 +272,17 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
 # --- run identity: whose checkpoints these are
 
 
-def run_identity(config: PipelineConfig, question_ids: Sequence[str], init_dir: Path,
+def run_identity(config: PipelineConfig, questions: Sequence[QAExample], init_dir: Path,
                  n_ranks: int, *, init_key_file: Path) -> str:
-    """What a checkpoint must match to be resumed: the settings that shape training, the
-    start policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
-    sizes), the questions and the number of ranks. A sha256 hex digest."""
-    cfg = config.to_dict()
+    """What a checkpoint must match to be resumed: the settings that shape the training run
+    (`config.inputs_of("train_run")`: declared per field in searchrl/config.py), the start
+    policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
+    sizes), the questions' content in order (gold answers included: a corrected label is
+    another run) and the number of ranks. A sha256 hex digest."""
     init = (init_key_file.read_text() if init_key_file.is_file() else
             sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
-    payload = {"model": cfg["model"], "rollout": cfg["rollout"], "reward": cfg["reward"],
-               "curriculum": cfg["curriculum"], "seed": config.run.seed, "ranks": n_ranks,
-               "train": {k: v for k, v in cfg["train"].items()
-                         if k not in OPERATIONAL_TRAIN_KEYS},
-               "init": init, "questions": list(question_ids)}
+    payload = {"config": config.inputs_of("train_run"), "ranks": n_ranks, "init": init,
+               "questions": records_fingerprint(questions)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
