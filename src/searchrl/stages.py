@@ -9,9 +9,10 @@ with a `ref.json` is complete, and the CLI reads a stage's inputs from its upstr
 `ref.json`. Every reference lists the files it stands for with their fingerprints, so a cached
 reference is reused only while those files exist unchanged (`ref_is_current`).
 
-`STAGES` says, per stage, which config sections and which inputs outside the references
-(data files, contract suites, overrides, the registry's champion) its result depends on; the
-cache key (tasks/_common.py) adds the code the stage reaches (`searchrl.codehash`).
+`STAGES` says, per stage, which inputs outside the references (data files, contract suites,
+overrides, the registry's champion) its result depends on; the config values it depends on
+are declared per field in `searchrl.config` (`config.inputs_of(stage)`); the cache key
+(tasks/_common.py) adds the code the stage reaches (`searchrl.codehash`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ from searchrl.types import (
 )
 
 REF_FILE = "ref.json"
-EXTRA_EVAL = "extra_eval:"
 R = TypeVar("R", bound=StageRef)
 
 
@@ -136,14 +136,20 @@ def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRe
     fingerprints = {name: fingerprint(p) for name, p in result.split_paths.items()}
     corpus_fp = fingerprint(result.corpus_path)
     extra = {name: str(p) for name, p in result.extra_corpora.items()}
-    sink.set_tags({f"data.{k}": v for k, v in fingerprints.items()} | {"data.corpus": corpus_fp})
+    evals = {name: str(p) for name, p in result.extra_evals.items()}
+    eval_fps = {name: fingerprint(p) for name, p in evals.items()}
+    sink.set_tags({f"data.{k}": v for k, v in fingerprints.items()} | {"data.corpus": corpus_fp}
+                  | {f"data.extra_eval.{k}": v for k, v in eval_fps.items()})
     combined = "|".join(f"{k}={v}" for k, v in sorted(fingerprints.items()))
+    evals_fp = "|".join(f"extra_eval.{k}={v}" for k, v in sorted(eval_fps.items()))
     extra_fp = "|".join(f"{k}={fingerprint(v)}" for k, v in sorted(extra.items()))
     return _finish(DatasetRef(
         paths=paths, fingerprints=fingerprints, corpus_path=str(result.corpus_path),
-        corpus_fingerprint=corpus_fp, fingerprint=f"{combined}|corpus={corpus_fp}|{extra_fp}",
-        extra_corpora=extra,
-        files=files_of(*paths.values(), result.corpus_path, *extra.values()),
+        corpus_fingerprint=corpus_fp,
+        fingerprint="|".join(p for p in (combined, evals_fp, f"corpus={corpus_fp}", extra_fp)
+                             if p),
+        extra_corpora=extra, extra_evals=evals,
+        files=files_of(*paths.values(), *evals.values(), result.corpus_path, *extra.values()),
         mlflow_run_id=sink.run_id,
         report_path=str(result.report_html) if result.report_html else None), out_dir)
 
@@ -166,20 +172,17 @@ def _validation_inputs(config: PipelineConfig) -> str:
 def corpora_of(dataset: DatasetRef) -> tuple[dict[str, Path], dict[str, dict[str, Path]]]:
     """(corpus name -> corpus file, corpus name -> {eval set name -> QA file}).
 
-    The main corpus is measured on the dev/test splits; each extra eval set `extra_eval:<n>`
-    on its own corpus `n` (data.extra_corpus.<n>).
+    The main corpus is measured on the dev/test splits; each extra eval set `n`
+    (data.extra_eval.<n>) on its own corpus `n` (data.extra_corpus.<n>).
     """
     corpora = {MAIN_CORPUS: Path(dataset.corpus_path)}
     evals: dict[str, dict[str, Path]] = {
         MAIN_CORPUS: {s: Path(dataset.paths[s]) for s in ("dev", "test") if s in dataset.paths}}
-    for key, qa_path in sorted(dataset.paths.items()):
-        if not key.startswith(EXTRA_EVAL):
-            continue
-        name = key.removeprefix(EXTRA_EVAL)
+    for name, qa_path in sorted(dataset.extra_evals.items()):
         if name not in dataset.extra_corpora:
             raise StageInputError(
-                f"eval set {key!r} has no corpus: set data.extra_corpus.{name} in the config "
-                f"(corpora: {sorted(dataset.extra_corpora)})")
+                f"extra eval set {name!r} has no corpus: set data.extra_corpus.{name} in the "
+                f"config (corpora: {sorted(dataset.extra_corpora)})")
         corpora[name] = Path(dataset.extra_corpora[name])
         evals[name] = {name: Path(qa_path)}
     return corpora, evals
@@ -308,9 +311,8 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
 
 def eval_sets_of(config: PipelineConfig, dataset: DatasetRef) -> dict[str, str]:
     """The extra eval sets to evaluate (name -> QA file): `eval.eval_sets`, "all" = every
-    `extra_eval:<name>` the validated dataset holds."""
-    present = {k.removeprefix(EXTRA_EVAL): p for k, p in sorted(dataset.paths.items())
-               if k.startswith(EXTRA_EVAL)}
+    extra eval set the validated dataset holds."""
+    present = dict(sorted(dataset.extra_evals.items()))
     wanted = config.eval.eval_sets
     if wanted == "all":
         return present
@@ -456,24 +458,20 @@ def _curriculum_cost(config: PipelineConfig) -> str:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage: its function, the config sections its result depends on, and the inputs
-    outside its references that it reads (fingerprinted into the cache key)."""
+    """One stage: its function and the inputs outside its references that it reads
+    (fingerprinted into the cache key). The config values its result depends on are
+    `config.inputs_of(name)`: declared per field in searchrl/config.py."""
 
     name: str
     run: Callable[..., Any]
-    sections: tuple[str, ...]
     external_inputs: Callable[[PipelineConfig], str] | None = None
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
-    Stage("validate_gold_labels", validate_gold_labels, ("data", "validate"),
-          _validation_inputs),
-    Stage("build_index", build_index, ("index",)),
-    Stage("filter_curriculum", filter_curriculum,
-          ("run", "model", "rollout", "reward", "curriculum", "index", "train")),
-    Stage("train_policy", train_policy,
-          ("run", "model", "rollout", "reward", "curriculum", "train")),
-    Stage("evaluate_policy", evaluate_policy,
-          ("run", "index", "model", "rollout", "reward", "eval"), _champion_version),
-    Stage("decide_go_no_go", decide_go_no_go, ("run", "eval", "gate"), _curriculum_cost),
+    Stage("validate_gold_labels", validate_gold_labels, _validation_inputs),
+    Stage("build_index", build_index),
+    Stage("filter_curriculum", filter_curriculum),
+    Stage("train_policy", train_policy),
+    Stage("evaluate_policy", evaluate_policy, _champion_version),
+    Stage("decide_go_no_go", decide_go_no_go, _curriculum_cost),
 )}

@@ -82,15 +82,17 @@ class _CostedOutput(_StageOutput):
 
 @dataclass(frozen=True)
 class DatasetRef(_StageOutput):
-    """A validated dataset: split name -> file path (extra eval sets as `extra_eval:<name>`),
-    the main corpus and the extra corpora (name -> path) the extra eval sets are searched in."""
+    """A validated dataset: split (`train`, `dev`, `test`) -> file path, the main corpus, the
+    extra eval sets (name -> QA file path) and the corpora they are searched in (name -> path;
+    extra eval set `n` in extra corpus `n`)."""
 
     paths: dict[str, str]
-    fingerprints: dict[str, str]
+    fingerprints: dict[str, str]  # split -> content fingerprint
     corpus_path: str
     corpus_fingerprint: str
     fingerprint: str
     extra_corpora: dict[str, str] = field(default_factory=dict)
+    extra_evals: dict[str, str] = field(default_factory=dict)
     report_path: str | None = None
 
 

@@ -132,9 +132,10 @@ def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
     index_dir = tmp_path / "index"
     build_indexes({"main": main_corpus, "other": other_corpus}, {}, index_dir, config.index,
                   NullSink(), progress=False)
-    dataset = DatasetRef(paths={"test": str(test), "extra_eval:other": str(other)},
-                         fingerprints={}, corpus_path=str(main_corpus), corpus_fingerprint="",
-                         fingerprint="d", extra_corpora={"other": str(other_corpus)})
+    dataset = DatasetRef(paths={"test": str(test)}, fingerprints={},
+                         corpus_path=str(main_corpus), corpus_fingerprint="", fingerprint="d",
+                         extra_evals={"other": str(other)},
+                         extra_corpora={"other": str(other_corpus)})
     index = IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25")
     ckpt = CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir))
     sink = RecordingSink()

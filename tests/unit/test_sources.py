@@ -21,8 +21,11 @@ def test_a_corpus_file_shared_by_names_is_copied_once(tmp_path: Path) -> None:
                      extra_corpus={"a": str(main), "b": str(other), "c": str(other)})
     out = tmp_path / "source"
     paths = materialise_sources(cfg, out)
-    assert paths["extra_corpus:a"] == paths["corpus"]  # prepare-data's layout: the main corpus
-    assert paths["extra_corpus:b"] == paths["extra_corpus:c"] == out / "extra_corpus_b.jsonl"
+    corpora = paths.extra_corpora
+    assert corpora["a"] == paths.corpus  # prepare-data's layout: the main corpus
+    assert corpora["b"] == corpora["c"] == out / "extra_corpus_b.jsonl"
     assert sorted(p.name for p in out.glob("*corpus*.jsonl")) == ["corpus.jsonl",
                                                                 "extra_corpus_b.jsonl"]
-    assert [p.id for p in read_passages(paths["extra_corpus:c"])] == ["o1"]
+    assert [p.id for p in read_passages(corpora["c"])] == ["o1"]
+    assert set(paths.splits) == {"train", "test"}
+    assert paths.extra_evals == {n: out / f"extra_eval_{n}.jsonl" for n in "abc"}

@@ -62,7 +62,7 @@ from searchrl.data.io import (
     read_raw_qa_rows,
     write_jsonl,
 )
-from searchrl.data.sources import SourceRows, materialise_sources
+from searchrl.data.sources import SourceRows, extra_eval_split, materialise_sources
 from searchrl.types import Passage, QAExample
 
 # A row failing these cannot be used as it stands; a steward corrects the source instead. They
@@ -87,9 +87,10 @@ class ValidationInvariantError(AssertionError):
 @dataclass
 class ValidationResult:
     out_dir: Path
-    split_paths: dict[str, Path]
+    split_paths: dict[str, Path]  # train/dev/test -> clean file
     corpus_path: Path
     quarantine_path: Path
+    extra_evals: dict[str, Path] = field(default_factory=dict)  # name -> clean file
     extra_corpora: dict[str, Path] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     quarantined: list[dict[str, Any]] = field(default_factory=list)
@@ -111,10 +112,6 @@ class ValidationResult:
         }
         out |= {f"check_{k}": v for k, v in sorted(self.check_counts.items())}
         return out
-
-
-def _is_corpus(name: str) -> bool:
-    return name == "corpus" or name.startswith("extra_corpus:")
 
 
 def _safe(name: str) -> str:
@@ -282,8 +279,8 @@ def _check_invariant(outcomes: list[RowOutcome], rows_in: dict[str, int],
 def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationResult:
     """Validate every QA split and corpus; write clean splits, quarantine and audit report.
 
-    Returns the clean split paths (`<out_dir>/<split>.jsonl`, ':' in names as '_'), the corpus
-    path and the report paths. Raises DataError (a source file unreadable as a whole; one line
+    Returns the clean split and extra eval set paths (`<out_dir>/<split>.jsonl`, ':' in split
+    names as '_'), the corpus paths and the report paths. Raises DataError (a source file unreadable as a whole; one line
     naming it), ContractError (a corpus breaks its contract, or a suite module is broken),
     OverridesError (bad overrides file) or QuarantineThresholdError (after writing quarantine
     and report; no clean split is then marked complete).
@@ -302,12 +299,11 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     corpora: dict[str, list[Passage]] = {}
     suites: list[SuiteResult] = []
     parsed_corpora: dict[Path, list[Passage]] = {}  # one file may serve several names
-    for name, path in source_paths.items():
-        if _is_corpus(name):
-            if path not in parsed_corpora:
-                parsed_corpora[path] = read_passages(path)
-            corpora[name] = parsed_corpora[path]
-            suites.append(_check_corpus(runner, name, path, corpora[name]))
+    for name, path in source_paths.corpus_sets().items():
+        if path not in parsed_corpora:
+            parsed_corpora[path] = read_passages(path)
+        corpora[name] = parsed_corpora[path]
+        suites.append(_check_corpus(runner, name, path, corpora[name]))
 
     # --- QA splits: corrections, contract, schema
     used: set[int] = set()
@@ -316,9 +312,7 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     broken: list[CheckedRow] = []  # parse as QAExample but break the contract
     proxies: list[CheckedRow] = []
     rows_in: dict[str, int] = {}
-    for name, path in source_paths.items():
-        if _is_corpus(name):
-            continue
+    for name, path in source_paths.qa_sets().items():
         rows = read_raw_qa_rows(path)  # our own copy: every line is a JSON object
         file = provenance.files.get(name, str(path))
         if name in provenance.rows:  # number rows as the steward's file does, not the copy
@@ -417,16 +411,17 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
             (report_md, report_html, quarantine_path))
 
     # --- clean splits (manifests last: only now are they complete)
-    split_paths: dict[str, Path] = {}
+    clean_paths: dict[str, Path] = {}
     for name in rows_in:
-        split_paths[name] = out_dir / f"{_safe(name)}.jsonl"
-        write_jsonl(split_paths[name], clean.get(name, []))
-        if not manifest_path(split_paths[name]).is_file():
-            raise ValidationInvariantError(f"{split_paths[name]}: manifest missing after write")
+        clean_paths[name] = out_dir / f"{_safe(name)}.jsonl"
+        write_jsonl(clean_paths[name], clean.get(name, []))
+        if not manifest_path(clean_paths[name]).is_file():
+            raise ValidationInvariantError(f"{clean_paths[name]}: manifest missing after write")
     return ValidationResult(
-        out_dir=out_dir, split_paths=split_paths, corpus_path=source_paths["corpus"],
-        extra_corpora={n.removeprefix("extra_corpus:"): p for n, p in source_paths.items()
-                       if n.startswith("extra_corpus:")},
+        out_dir=out_dir, split_paths={s: clean_paths[s] for s in source_paths.splits},
+        corpus_path=source_paths.corpus,
+        extra_evals={n: clean_paths[extra_eval_split(n)] for n in source_paths.extra_evals},
+        extra_corpora=dict(source_paths.extra_corpora),
         quarantine_path=quarantine_path, counts=counts, quarantined=quarantined,
         report_html=report_html, report_md=report_md, audit_path=audit_path,
         check_counts=check_counts, seconds=time.perf_counter() - started)

@@ -41,7 +41,7 @@ def source_fingerprint(cfg: DataConfig) -> str:
 
 @dataclass
 class SourceRows:
-    """Where materialised QA rows came from, per split name (`train`, `extra_eval:<name>`):
+    """Where materialised QA rows came from, per split name (`train`, `extra_eval_split(name)`):
     the source file, the source row number of each copied row (in the copy's order; the
     line for JSONL), and the source lines that were not JSON objects (not copied)."""
 
@@ -60,9 +60,41 @@ def _qa_rows(name: str, src: str, provenance: SourceRows | None) -> list[dict[st
     return [row for _, row in rows]
 
 
+def extra_eval_split(name: str) -> str:
+    """The split name validation, its audit and a steward's overrides give extra eval set
+    `name` (the one place this label is built; nothing parses it back)."""
+    return f"extra_eval:{name}"
+
+
+def extra_corpus_label(name: str) -> str:
+    """The dataset name the corpus suite and its errors give extra corpus `name`."""
+    return f"extra_corpus:{name}"
+
+
+@dataclass(frozen=True)
+class SourcePaths:
+    """The materialised sources: QA splits (`train`, `dev`, `test`), the main corpus, and the
+    extra eval sets and the corpora they are searched in (both name -> file; names that
+    share a corpus file share one copy)."""
+
+    splits: dict[str, Path]
+    corpus: Path
+    extra_evals: dict[str, Path] = field(default_factory=dict)
+    extra_corpora: dict[str, Path] = field(default_factory=dict)
+
+    def qa_sets(self) -> dict[str, Path]:
+        """Split name -> QA file for every QA set, extra eval sets under `extra_eval_split`."""
+        return self.splits | {extra_eval_split(n): p for n, p in self.extra_evals.items()}
+
+    def corpus_sets(self) -> dict[str, Path]:
+        """Dataset name -> passages file for every corpus (`corpus`, `extra_corpus_label`)."""
+        return {"corpus": self.corpus} | {extra_corpus_label(n): p
+                                          for n, p in self.extra_corpora.items()}
+
+
 def materialise_sources(cfg: DataConfig, out_dir: Path, *,
-                        provenance: SourceRows | None = None) -> dict[str, Path]:
-    """Write corpus + splits (+ extra eval sets/corpora) to out_dir; return name -> path.
+                        provenance: SourceRows | None = None) -> SourcePaths:
+    """Write corpus + splits (+ extra eval sets/corpora) to out_dir; return their paths.
 
     QA rows are copied raw-but-normalised (validation decides what is clean); passages are
     parsed strictly since a corpus row without contents is a hard error. Without
@@ -72,29 +104,32 @@ def materialise_sources(cfg: DataConfig, out_dir: Path, *,
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.source == "synthetic":
-        paths = write_world(generate_world(cfg.synthetic), out_dir)
+        splits = write_world(generate_world(cfg.synthetic), out_dir)
+        corpus = splits.pop("corpus")
     else:
-        paths = {}
+        splits = {}
         for split, src in (("train", cfg.train_path), ("dev", cfg.dev_path),
                            ("test", cfg.test_path)):
             if src is not None:
-                paths[split] = out_dir / f"{split}.jsonl"
-                write_jsonl(paths[split], _qa_rows(split, src, provenance))
+                splits[split] = out_dir / f"{split}.jsonl"
+                write_jsonl(splits[split], _qa_rows(split, src, provenance))
         assert cfg.corpus_path is not None
-        paths["corpus"] = out_dir / "corpus.jsonl"
-        write_jsonl(paths["corpus"], read_passages(cfg.corpus_path))
+        corpus = out_dir / "corpus.jsonl"
+        write_jsonl(corpus, read_passages(cfg.corpus_path))
+    extra_evals: dict[str, Path] = {}
     for name, src in cfg.extra_eval.items():
-        paths[f"extra_eval:{name}"] = out_dir / f"extra_eval_{safe_filename(name)}.jsonl"
-        write_jsonl(paths[f"extra_eval:{name}"], _qa_rows(f"extra_eval:{name}", src, provenance))
+        extra_evals[name] = out_dir / f"extra_eval_{safe_filename(name)}.jsonl"
+        write_jsonl(extra_evals[name], _qa_rows(extra_eval_split(name), src, provenance))
     # A corpus file is copied once: prepare-data points every extra eval set at the corpus it
     # wrote, which is often the main one too (a wiki-scale corpus per set is hours and disk).
     copies: dict[Path, Path] = {}
     if cfg.source != "synthetic" and cfg.corpus_path is not None:
-        copies[Path(cfg.corpus_path).resolve()] = paths["corpus"]
+        copies[Path(cfg.corpus_path).resolve()] = corpus
+    extra_corpora: dict[str, Path] = {}
     for name, src in cfg.extra_corpus.items():
         source = Path(src).resolve()
         if source not in copies:
             copies[source] = out_dir / f"extra_corpus_{safe_filename(name)}.jsonl"
             write_jsonl(copies[source], read_passages(src))
-        paths[f"extra_corpus:{name}"] = copies[source]
-    return paths
+        extra_corpora[name] = copies[source]
+    return SourcePaths(splits, corpus, extra_evals, extra_corpora)

@@ -32,6 +32,7 @@ from typing import Any
 
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, manifest_path, read_qa, write_jsonl
+from searchrl.data.sources import extra_eval_split
 from searchrl.eval.audit import (
     audit_rollouts,
     final_turn_confidence,
@@ -522,7 +523,7 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
         # The split name validation (and so a steward override) gives an extra eval set.
         one = evaluate(set_examples, systems, set_searcher, config, set_dir,
                        eval_set=f"{name}:{Path(qa_path).name}", progress=progress,
-                       audit_split=f"extra_eval:{name}")
+                       audit_split=extra_eval_split(name))
         sets[name] = one.set_result(name, str(set_dir / RESULTS_FILE))
     if train_path is None:
         train_path = Path(eval_path).with_name("train.jsonl")
