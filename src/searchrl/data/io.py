@@ -8,11 +8,14 @@ Accepted layouts (Search-R1 / FlashRAG): QA rows with `question` and `golden_ans
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
+import numbers
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -154,6 +157,64 @@ def _iter_hub_rows(spec: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield i, dict(row)
 
 
+# --- gold answers: the one rule for every reader (validation's and prepare-data's)
+
+# SQuAD's answer field: parallel lists of answer texts and their character offsets (a raw
+# SQuAD file has a list of such dicts with one text each).
+SQUAD_ANSWER_KEYS = frozenset({"text", "answer_start"})
+
+
+class AnswerTypeError(ValueError):
+    """A gold-answer value holding no answer text (a boolean, a dict that is not SQuAD's, a
+    list inside the list, a null item, a non-finite number); the message says what it is."""
+
+
+def answer_strings(value: Any) -> list[str]:
+    """The answers one gold-answer field holds, in order, as text: a string is one answer, a
+    number its decimal text (1412 and 1412.0 -> "1412"), a list each of its items, SQuAD's
+    `{"text": [...], "answer_start": [...]}` its texts; None none. Blank strings are kept
+    (the data contract reports them). Raises AnswerTypeError for anything else."""
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in _answer_texts(item, in_list=True)]
+    return _answer_texts(value, in_list=False)
+
+
+def _answer_texts(value: Any, *, in_list: bool) -> list[str]:
+    if isinstance(value, dict) and "text" in value and set(value) <= SQUAD_ANSWER_KEYS:
+        texts = value["text"]
+        return [_answer_text(t) for t in (texts if isinstance(texts, list | tuple) else [texts])]
+    if isinstance(value, list | tuple) and in_list:
+        raise AnswerTypeError(f"a list inside the list ({_cut(value)}); expected strings")
+    return [_answer_text(value)]
+
+
+def _answer_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):  # before Real: bool is an int in Python, not an answer
+        raise AnswerTypeError(f"a boolean ({json.dumps(value)}) is not an answer text")
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if not math.isfinite(number):
+            raise AnswerTypeError(f"{value!r} is not a finite number")
+        return str(int(number)) if number.is_integer() else repr(number)
+    if value is None:
+        raise AnswerTypeError("a null among the answers")
+    if isinstance(value, dict):
+        raise AnswerTypeError(f"a dict with keys {sorted(map(str, value))}; only SQuAD's "
+                              '{"text": [...], "answer_start": [...]} holds answers')
+    raise AnswerTypeError(f"a {type(value).__name__} ({_cut(value)}) is not an answer text")
+
+
+def _cut(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[:n] + "..."
+
+
 # --- normalisation to our record types
 
 
@@ -165,10 +226,11 @@ def _normalise_qa(row: dict[str, Any]) -> dict[str, Any]:
                 out["golden_answers"] = out[alt]
                 break
     answers = out.get("golden_answers")
-    if isinstance(answers, str):
-        out["golden_answers"] = [answers]
-    elif answers is not None and not isinstance(answers, list | tuple):
-        out["golden_answers"] = list(answers)
+    if answers is not None:
+        # One of another type is left as read: the data contract quarantines the row,
+        # naming the field (file and line come with the row).
+        with contextlib.suppress(AnswerTypeError):
+            out["golden_answers"] = answer_strings(answers)
     if out.get("id") is not None and not isinstance(out["id"], str):
         out["id"] = str(out["id"])
     return out
@@ -359,3 +421,13 @@ def log_tail(path: Path, lines: int) -> str:
         return "(no log)"
     kept = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
     return "\n".join(kept[-lines:]) or "(empty log)"
+
+
+def records_fingerprint(records: Iterable[BaseModel]) -> str:
+    """sha256 of the records' content in order (every field: gold answers and passage text,
+    not just ids), for keys of results built from them: a corrected label changes it."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(record.model_dump_json().encode())
+        digest.update(b"\n")
+    return digest.hexdigest()

@@ -24,23 +24,27 @@ barriers between; the manifest records the world size and resuming with another 
 
 Run identity: `run_identity` hashes what a checkpoint must match to be resumed (the settings
 that shape the training run, the start policy, the questions' content);
-`prepare_checkpoint_dir` moves another run's checkpoints aside (`checkpoints.superseded-<time>`, kept as evidence), returns the
-checkpoint to resume (or None), and refuses when checkpoints exist but none verifies.
+`prepare_checkpoint_dir` moves another run's checkpoints aside (`checkpoints.superseded-<time>`,
+kept as evidence), returns the checkpoint to resume (or None), and refuses when checkpoints
+exist but none verifies.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import socket
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,7 +58,7 @@ from searchrl.types import QAExample
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-_PREFIX = "step_"
+STEP_PREFIX = "step_"
 RUN_KEY_FILE = "run_key.json"
 
 
@@ -110,7 +114,7 @@ def _fsync_tree(directory: Path) -> None:
 
 
 def step_dir(root: Path, step: int) -> Path:
-    return root / f"{_PREFIX}{step:06d}"
+    return root / f"{STEP_PREFIX}{step:06d}"
 
 
 def state_file(rank_no: int) -> str:
@@ -186,9 +190,9 @@ def _dedupe_shared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _prune(root: Path, keep: int) -> None:
-    for stale in root.glob(f".{_PREFIX}*.tmp"):
+    for stale in root.glob(f".{STEP_PREFIX}*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
-    done = sorted(p for p in root.glob(f"{_PREFIX}*") if p.is_dir())
+    done = sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())
     for old in done[: max(0, len(done) - max(keep, 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -219,7 +223,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         return None
-    for candidate in sorted((p for p in root.glob(f"{_PREFIX}*") if p.is_dir()), reverse=True):
+    for candidate in sorted((p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir()), reverse=True):
         try:
             verify_checkpoint(candidate)
         except CheckpointError as exc:
@@ -229,7 +233,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def _safe_load(path: Path) -> Any:
+def safe_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError and friends: refuse, never fall back
@@ -251,7 +255,7 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
                               f"run has {world_size()} (each rank samples its own question "
                               "shard); resume with the same number of ranks or start fresh "
                               "(train.resume=false)")
-    state: dict[str, Any] = _safe_load(path / state_file(rank()))
+    state: dict[str, Any] = safe_load(path / state_file(rank()))
     if _uses_native_zero(engine):
         engine.load_checkpoint(str(path / "deepspeed"), tag="state",
                                load_lr_scheduler_states=False)
@@ -262,7 +266,7 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
         except RuntimeError as exc:
             raise CheckpointError(f"{path}/model.safetensors: does not match the model: {exc}"
                                   ) from exc
-        engine.optimizer.load_state_dict(_safe_load(path / "optimizer.pt"))
+        engine.optimizer.load_state_dict(safe_load(path / "optimizer.pt"))
     if "scheduler" in state and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(state["scheduler"])
     restore_rng(state["rng"])
@@ -299,7 +303,7 @@ def prepare_checkpoint_dir(root: Path, run_key: str, *, resume: bool) -> Path | 
     root = Path(root)
     lead = rank() == 0
     key_path = root / RUN_KEY_FILE
-    if (lead and resume and any(root.glob(f"{_PREFIX}*"))
+    if (lead and resume and any(root.glob(f"{STEP_PREFIX}*"))
             and (not key_path.is_file() or key_path.read_text() != run_key)):
         aside = root.with_name(f"{root.name}.superseded-{time.strftime('%Y%m%dT%H%M%S')}")
         root.rename(aside)
@@ -307,7 +311,7 @@ def prepare_checkpoint_dir(root: Path, run_key: str, *, resume: bool) -> Path | 
                     "questions changed); moved to %s, starting at step 0", root, aside)
     barrier()
     found = latest_checkpoint(root) if resume else None
-    if resume and found is None and (bad := sorted(root.glob(f"{_PREFIX}*"))):
+    if resume and found is None and (bad := sorted(root.glob(f"{STEP_PREFIX}*"))):
         raise CheckpointError(
             f"{root}: no checkpoint passes verification ({', '.join(p.name for p in bad)});"
             " inspect or remove them, or set train.resume=false to start over")
@@ -320,105 +324,64 @@ def prepare_checkpoint_dir(root: Path, run_key: str, *, resume: bool) -> Path | 
     return found
 
 
-# --- the best policy by a dev metric (train.keep_best)
+# --- who trains into a checkpoint dir
 #
-# Every improvement is saved as `<out>/best/step_NNNNNN/` (a policy + best.json); the trainer
-# state records the best so far, so a checkpoint knows its best. A best dir is kept while the
-# current state or a kept checkpoint names it: a kill after an improvement but before the
-# next checkpoint leaves a dir no checkpoint names, which the resume removes (the replayed
-# steps re-evaluate it), and the resumed best's own dir is still there. At the end the
-# selected one is copied to `<out>/best_policy/` (atomically, best.json inside).
+# One training at a time per checkpoint dir: a second one (a re-run while a rank of the first
+# still trains, two runs on one work_dir) would write the same `.step_N.tmp` dirs. Rank 0
+# holds an flock on `<root>.lock` (next to the dir, which `prepare_checkpoint_dir` removes and
+# renames) while it trains; the kernel drops it when the process ends, however it ends. The
+# file names its holder for the error.
 
-BEST_ROOT = "best"
-BEST_POLICY = "best_policy"
-BEST_FILE = "best.json"
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best dev evaluation so far: after `step` steps, `metric` was `value`."""
-
-    step: int
-    metric: str
-    mode: Literal["max", "min"]
-    value: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> Best | None:
-        data = json.loads(text) if text else None
-        if not isinstance(data, dict):
-            return None
-        return cls(step=int(data["step"]), metric=str(data["metric"]),
-                   mode="min" if data["mode"] == "min" else "max", value=float(data["value"]))
+LOCK_SUFFIX = ".lock"
+_held: dict[Path, list[int]] = {}  # lock file -> [fd, depth]: re-entrant within a process
+_held_guard = threading.Lock()
 
 
-def improves(value: float, best: Best | None, mode: Literal["max", "min"]) -> bool:
-    """Strictly better than `best` (ties keep the earlier step); NaN never improves."""
-    if not np.isfinite(value):
-        return False
-    if best is None:
-        return True
-    return value > best.value if mode == "max" else value < best.value
+class CheckpointLockError(CheckpointError):
+    """Another live process trains into the checkpoint dir; the message names it."""
 
 
-def best_dir(out_dir: Path, step: int) -> Path:
-    return Path(out_dir) / BEST_ROOT / f"{_PREFIX}{step:06d}"
+def lock_path(root: Path) -> Path:
+    root = Path(root).resolve()
+    return root.with_name(root.name + LOCK_SUFFIX)
 
 
-def write_best_file(policy_dir: Path, best: Best) -> None:
-    atomic_write_text(Path(policy_dir) / BEST_FILE, json.dumps(best.to_dict(), indent=2))
-
-
-def checkpoint_best(path: Path) -> Best | None:
-    """The best recorded in checkpoint `path`'s (rank 0) trainer state; None if none."""
-    state = _safe_load(Path(path) / state_file(0))
-    return Best.from_json(state.get("best")) if isinstance(state, dict) else None
-
-
-def prune_best(out_dir: Path, checkpoints: Path, current: Best | None,
-               upto: int | None = None) -> None:
-    """Remove every best dir neither `current` nor a kept checkpoint (of step <= `upto`, all
-    when None) names. Rank 0 only."""
-    root = Path(out_dir) / BEST_ROOT
-    if not root.is_dir():
-        return
-    keep = {current.step} if current is not None else set()
-    for ckpt in sorted(p for p in Path(checkpoints).glob(f"{_PREFIX}*") if p.is_dir()):
-        if upto is not None and int(ckpt.name.removeprefix(_PREFIX)) > upto:
-            continue
-        try:
-            named = checkpoint_best(ckpt)
-        except (CheckpointError, OSError, KeyError, ValueError) as exc:
-            log.warning("best policy pruning: cannot read %s (%s); kept its bests", ckpt, exc)
-            return
-        if named is not None:
-            keep.add(named.step)
-    for path in root.iterdir():
-        step = path.name.removeprefix(_PREFIX)
-        if path.name.startswith(_PREFIX) and step.isdigit() and int(step) in keep:
-            continue
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+@contextmanager
+def checkpoint_dir_lock(root: Path) -> Iterator[Path]:
+    """Hold the lock of checkpoint dir `root` for the block (re-entrant within this process);
+    CheckpointLockError naming the holder (pid, host) when another process holds it."""
+    path = lock_path(root)
+    with _held_guard:
+        if path in _held:
+            _held[path][1] += 1
         else:
-            path.unlink(missing_ok=True)
+            _held[path] = [_acquire(path), 1]
+    try:
+        yield path
+    finally:
+        with _held_guard:
+            entry = _held[path]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[path]
+                os.ftruncate(entry[0], 0)
+                os.close(entry[0])  # drops the flock
 
 
-def publish_best(out_dir: Path, best: Best) -> Path:
-    """Copy best/step_N to `<out>/best_policy/` (temp sibling + rename); returns it."""
-    source = best_dir(out_dir, best.step)
-    if not source.is_dir():
-        raise CheckpointError(f"{source}: the best policy (step {best.step}) is missing")
-    final = Path(out_dir) / BEST_POLICY
-    tmp = final.with_name(f".{final.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(source, tmp)
-    write_best_file(tmp, best)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    return final
+def _acquire(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = path.read_text().strip() or "a process that is still starting"
+        raise CheckpointLockError(
+            f"{path}: another training process holds this checkpoint dir ({holder}) and "
+            "would write the same checkpoints; wait for it to end or stop it, then re-run"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+    return fd
 
