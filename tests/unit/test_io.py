@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -232,3 +233,62 @@ def test_fingerprints_read_a_file_once_while_it_is_unchanged(
     (policy / "weights.bin").write_bytes(b"c" * 1000)
     os.utime(policy / "weights.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
     assert fingerprint(policy) not in (first, second)
+
+
+# --- gold answers of other types (one rule: data.io.answer_strings, prepare uses it too)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("Paris", ["Paris"]),
+    (1412, ["1412"]),
+    (1412.0, ["1412"]),  # a parquet float column: the year, not "1412.0"
+    (3.5, ["3.5"]),
+    (["Ann", 7], ["Ann", "7"]),
+    ({"text": ["Denver Broncos", "Broncos"], "answer_start": [177, 181]},  # SQuAD (HF)
+     ["Denver Broncos", "Broncos"]),
+    ([{"text": "Denver Broncos", "answer_start": 177}], ["Denver Broncos"]),  # SQuAD (raw)
+    (None, []),
+])
+def test_answer_strings_reads_numbers_and_squad(value: object, expected: list[str]) -> None:
+    from searchrl.data.io import answer_strings
+
+    assert answer_strings(value) == expected
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (True, "boolean"),
+    ({"value": "Paris"}, "dict with keys ['value']"),
+    ([["Paris"]], "list inside the list"),
+    (["Paris", None], "null"),
+    (float("nan"), "not a finite number"),
+])
+def test_answer_strings_rejects_other_types_saying_what_they_are(value: object,
+                                                                 says: str) -> None:
+    from searchrl.data.io import AnswerTypeError, answer_strings
+
+    with pytest.raises(AnswerTypeError, match=re.escape(says)):
+        answer_strings(value)
+
+
+def test_readers_normalise_numeric_and_squad_answers(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    rows = [{"id": "a", "question": "When?", "answer": 1412},
+            {"id": "b", "question": "Who?",
+             "answers": {"text": ["Denver Broncos"], "answer_start": [177]}},
+            {"id": "c", "question": "What?", "answer": {"value": "x"}},
+            {"id": "d", "question": "Which?", "answer": True}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw, bad = read_raw_qa_rows_lenient(path)  # raised TypeError on row a before
+    assert not bad
+    golds = [r["golden_answers"] for _, r in raw]
+    # c and d are left as read: the gold_qa contract quarantines them (golden_answers field)
+    assert golds == [["1412"], ["Denver Broncos"], {"value": "x"}, True]
+    with pytest.raises(DataError, match=r"qa\.jsonl: row 3: field 'golden_answers'"):
+        read_qa(path)
+    assert [ex.golden_answers for ex in read_qa(_lines(tmp_path / "ok.jsonl", rows[:2]))] == \
+        [("1412",), ("Denver Broncos",)]
+
+
+def _lines(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

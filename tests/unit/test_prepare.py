@@ -368,3 +368,26 @@ def test_load_spec_yaml(tmp_path: Path) -> None:
 def test_the_shipped_search_r1_spec_loads() -> None:
     spec = load_spec("configs/data/search_r1.yaml")
     assert spec.primary == "nq" and len(spec.eval) == 7
+
+
+def test_answers_of_other_types_converted_or_skipped_with_line_and_field(tmp_path: Path
+                                                                         ) -> None:
+    qa = _jsonl(tmp_path / "nq.jsonl", [
+        {"question": "year one", "answer": 1412},
+        {"question": "squad one", "answers": {"text": ["Denver Broncos", "Broncos"],
+                                              "answer_start": [177, 181]}},
+        {"question": "dict one", "answer": "x", "answers": {"value": "y"}},
+        {"question": "bool one", "answer": True},
+        {"question": "ok", "answer": ["A", 2.0]}])
+    corpus = _jsonl(tmp_path / "c.jsonl", [{"id": "1", "contents": "text"}])
+    spec = _spec(train=[{"name": "nq", "source": qa, "layout": "nq_open"}],
+                 eval={"nq": {"source": qa}}, corpus={"source": corpus})
+    result = prepare_data(spec, tmp_path / "out", progress=False)
+
+    golds = {ex.question: ex.golden_answers for ex in read_qa(result.train_path)}
+    assert golds == {"year one": ("1412",), "squad one": ("Denver Broncos", "Broncos"),
+                     "ok": ("A", "2")}
+    skips = {(s.line, s.field): s.reason for s in result.skipped if s.part == "nq"}
+    assert set(skips) == {(3, "answers"), (4, "answer")}
+    assert "dict with keys ['value']" in skips[(3, "answers")]
+    assert "boolean" in skips[(4, "answer")]

@@ -50,7 +50,10 @@ def qa_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         records.append({
             "id": raw.get("id"),
             "question": raw.get("question"),
-            "n_answers": len(answers) if isinstance(answers, list | tuple) else None,
+            # A value that is present but no list counts as one (not "required"): the
+            # answers_ok rule names what is wrong with it.
+            "n_answers": (len(answers) if isinstance(answers, list | tuple)
+                          else None if answers is None else 1),
             "answers_ok": answers_ok,
             "shortest_answer_chars": min(len(a.strip()) for a in strs) if strs else None,
             "longest_answer_chars": max(len(a) for a in strs) if strs else None,

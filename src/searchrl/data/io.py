@@ -9,12 +9,17 @@ Accepted layouts (Search-R1 / FlashRAG): QA rows with `question` and `golden_ans
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import math
 import numbers
 import os
+import shutil
+import sys
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -356,6 +361,84 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# --- directories: publish a complete one in place of the old, readers never see none
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+@lru_cache(maxsize=1)
+def _renameat2() -> Any:
+    """libc's renameat2, or None (not Linux, or a libc without it)."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False
+    where the libc, kernel or filesystem cannot, so the caller falls back."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}:
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Put the complete directory `tmp` at `final` (a sibling path), replacing what is there.
+
+    A reader of `final` sees the old directory or the new one, never none: the two are
+    exchanged in one step where the filesystem can (`exchange_paths`); elsewhere the old one
+    is renamed aside, the new one in, and the old one put back if that rename fails. The old
+    copy is removed afterwards, and so are old copies a killed publish left
+    (`.<name>.old-*`); the caller's own temp dirs are the caller's to clean.
+    """
+    tmp, final = Path(tmp), Path(final)
+    if not tmp.is_dir():
+        raise FileNotFoundError(f"{tmp}: no directory to publish at {final}")
+    for stale in final.parent.glob(f".{final.name}.old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if not final.exists():
+        os.rename(tmp, final)
+    elif exchange_paths(tmp, final):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old content
+    else:
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(final, old)
+        try:
+            os.rename(tmp, final)
+        except BaseException:
+            os.rename(old, final)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(final.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make renames in `directory` survive a crash (where the filesystem allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_jsonl(path: str | Path, records: Sequence[BaseModel | dict[str, Any]]) -> str:

@@ -37,9 +37,11 @@ from tqdm import tqdm
 
 from searchrl.config import DataConfig
 from searchrl.data.io import (
+    AnswerTypeError,
     DataError,
     _iter_raw_rows,
     _normalise_passage,
+    answer_strings,
     atomic_write_text,
     manifest_path,
     write_jsonl,
@@ -195,18 +197,17 @@ _HOPS_BY_SOURCE = {"nq": 1, "triviaqa": 1, "popqa": 1, "hotpotqa": 2, "2wiki": 2
 _HOP_PREFIX = re.compile(r"^(\d+)hop")  # MuSiQue ids: "2hop__...", "3hop1__..."
 
 
-def _answers(*values: Any) -> list[str]:
-    """Distinct non-blank answer strings, order kept (value first, then aliases)."""
+def _answers(*fields: tuple[str, Any]) -> list[str]:
+    """Distinct non-blank answer strings of (field name, value)s, order kept (value first,
+    then aliases), read by validation's rule (`io.answer_strings`: numbers as text, SQuAD
+    dicts as their texts); a value of any other type skips the row naming its field."""
     out: list[str] = []
-    for value in values:
-        if value is None or isinstance(value, bool | dict):
-            continue
-        items = [value] if isinstance(value, str | int | float) else list(value)
-        for item in items:
-            if isinstance(item, int | float) and not isinstance(item, bool):
-                item = str(item)
-            if isinstance(item, str) and item.strip() and item not in out:
-                out.append(item)
+    for name, value in fields:
+        try:
+            texts = answer_strings(value)
+        except AnswerTypeError as exc:
+            raise _Skip(name, str(exc)) from exc
+        out += [t for t in dict.fromkeys(texts) if t.strip() and t not in out]
     return out
 
 
@@ -215,6 +216,10 @@ def _question(row: dict[str, Any]) -> str:
     if not isinstance(q, str) or not q.strip():
         raise _Skip("question", "missing or blank")
     return q
+
+
+def _row_answers(row: dict[str, Any], *names: str) -> list[str]:
+    return _answers(*((name, row.get(name)) for name in names))
 
 
 def _need_answers(answers: list[str], field_name: str) -> list[str]:
@@ -244,7 +249,7 @@ def _flat(row: dict[str, Any], name: str, fallback_id: str) -> _Converted:
     if gold is None:
         truth = (row.get("reward_model") or {}).get("ground_truth") or {}
         gold = truth.get("target") if isinstance(truth, dict) else None
-    answers = _need_answers(_answers(gold), "golden_answers")
+    answers = _need_answers(_answers(("golden_answers", gold)), "golden_answers")
     raw_meta = row.get("metadata")
     meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     data_source = str(row.get("data_source") or name)
@@ -261,7 +266,7 @@ def _flat(row: dict[str, Any], name: str, fallback_id: str) -> _Converted:
 
 def _nq_open(row: dict[str, Any], name: str, fallback_id: str) -> _Converted:
     q = _question(row)
-    answers = _need_answers(_answers(row.get("answer"), row.get("answers")), "answer")
+    answers = _need_answers(_row_answers(row, "answer", "answers"), "answer")
     return _Converted({"id": _row_id(row, ("id",), fallback_id), "question": q,
                        "golden_answers": answers, "hops": 1, "data_source": name})
 
@@ -271,11 +276,12 @@ def _triviaqa(row: dict[str, Any], name: str, fallback_id: str) -> _Converted:
     q = _question(row)
     ans = row.get("answer")
     if isinstance(ans, dict):
-        answers = _answers(ans.get("value", ans.get("Value")),
-                           ans.get("aliases", ans.get("Aliases")))
+        answers = _answers(("answer.value", ans.get("value", ans.get("Value"))),
+                           ("answer.aliases", ans.get("aliases", ans.get("Aliases"))))
     else:
-        answers = _answers(row.get("answer.value", row.get("answer_value")), ans,
-                           row.get("answer.aliases", row.get("answer_aliases")))
+        answers = _answers(("answer.value", row.get("answer.value", row.get("answer_value"))),
+                           ("answer", ans),
+                           ("answer.aliases", row.get("answer.aliases", row.get("answer_aliases"))))
     return _Converted({"id": _row_id(row, ("question_id", "id"), fallback_id), "question": q,
                        "golden_answers": _need_answers(answers, "answer"), "hops": 1,
                        "data_source": name})
@@ -289,7 +295,7 @@ def _popqa(row: dict[str, Any], name: str, fallback_id: str) -> _Converted:
             raw = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise _Skip("possible_answers", f"not a JSON list: {exc.msg}") from exc
-    answers = _need_answers(_answers(raw), "possible_answers")
+    answers = _need_answers(_answers(("possible_answers", raw)), "possible_answers")
     return _Converted({"id": _row_id(row, ("id",), fallback_id), "question": q,
                        "golden_answers": answers, "hops": 1, "data_source": name})
 
@@ -322,7 +328,7 @@ def _wiki_multihop(row: dict[str, Any], name: str, fallback_id: str) -> _Convert
     """HotpotQA / 2WikiMultihopQA. Hops = distinct supporting titles, at least 2 (2Wiki's
     bridge_comparison needs 4 pages; every other type of both benchmarks 2)."""
     q = _question(row)
-    answers = _need_answers(_answers(row.get("answer"), row.get("answers")), "answer")
+    answers = _need_answers(_row_answers(row, "answer", "answers"), "answer")
     paragraphs = _context(row.get("context"))
     titles = _support_titles(row.get("supporting_facts"))
     first_of: dict[str, int] = {}
@@ -342,7 +348,7 @@ def _musique(row: dict[str, Any], name: str, fallback_id: str) -> _Converted:
     q = _question(row)
     if row.get("answerable") is False:
         raise _Skip("answerable", "MuSiQue marks the question unanswerable")
-    answers = _need_answers(_answers(row.get("answer"), row.get("answer_aliases")), "answer")
+    answers = _need_answers(_row_answers(row, "answer", "answer_aliases"), "answer")
     rid = _row_id(row, ("id",), fallback_id)
     decomposition = [d for d in row.get("question_decomposition") or [] if isinstance(d, dict)]
     m = _HOP_PREFIX.match(rid)
