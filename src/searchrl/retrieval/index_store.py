@@ -40,6 +40,7 @@ from searchrl.data.io import (
     DataError,
     atomic_write_text,
     fingerprint,
+    publish_dir,
     read_manifest,
     read_passages,
     read_qa,
@@ -107,18 +108,6 @@ def _dir_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
-def _swap_into_place(tmp: Path, final: Path) -> None:
-    if final.exists():
-        # Unmark first: if we die between the renames, no stale dir claims to be complete.
-        (final / DIR_MANIFEST).unlink(missing_ok=True)
-        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-
-
 def _component(directory: Path, key: dict[str, Any],
                build: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
     """Reuse `directory` if its manifest key equals `key`, else build it atomically.
@@ -138,7 +127,7 @@ def _component(directory: Path, key: dict[str, Any],
                     "build_seconds": round(time.perf_counter() - start, 3),
                     "bytes": _dir_bytes(tmp), "built_at": time.time(), **extra}
         atomic_write_text(tmp / DIR_MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
-        _swap_into_place(tmp, directory)
+        publish_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -51,7 +51,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, content_sha256, records_fingerprint
+from searchrl.data.io import (
+    atomic_write_text,
+    content_sha256,
+    publish_dir,
+    records_fingerprint,
+)
 from searchrl.train.ds import barrier, rank, world_size
 from searchrl.types import QAExample
 
@@ -168,9 +173,7 @@ def save_checkpoint(root: Path, step: int, engine: Any, trainer_state: dict[str,
         mpath.write_text(json.dumps(manifest, indent=2))
         with mpath.open("rb") as fh:
             os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        publish_dir(tmp, final)
         _prune(root, keep)
     barrier()
     return final

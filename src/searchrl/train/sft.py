@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.config import SFTConfig
+from searchrl.data.io import publish_dir
 from searchrl.train.demos import Demo
 from searchrl.train.tensors import token_logprobs
 
@@ -198,6 +199,4 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    publish_dir(tmp, out_dir)
