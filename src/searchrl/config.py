@@ -9,12 +9,15 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from searchrl.paths import plain_name_problem
 
 
 class ConfigError(ValueError):
@@ -128,6 +131,32 @@ class SyntheticWorldConfig(_Section):
         return self
 
 
+# Extra eval set / corpus names the pipeline's own sets hold: `main` is the main corpus's
+# index, the split names are validation's clean files and audit labels.
+RESERVED_SET_NAMES = frozenset({"main", "train", "dev", "test"})
+
+
+def check_set_names(where: str, names: Iterable[str]) -> None:
+    """ValueError naming the first unusable extra eval set / corpus name under `where`.
+
+    The names become file and directory names (validation's copies, the index's <name>/,
+    evaluation's sets/<name>/) and labels beside the pipeline's own sets: each must be a
+    plain name (`paths.plain_name_problem`), not reserved, and not differ from another
+    only in case."""
+    folded: dict[str, str] = {}
+    for name in names:
+        problem = plain_name_problem(name)
+        if problem is None and name in RESERVED_SET_NAMES:
+            problem = (f"is reserved (the pipeline's own sets: {sorted(RESERVED_SET_NAMES)}); "
+                       "choose another name")
+        if problem is not None:
+            raise ValueError(f"{where} name {name!r} {problem}")
+        other = folded.setdefault(name.lower(), name)
+        if other != name:
+            raise ValueError(f"{where} names {other!r} and {name!r} differ only in case: one "
+                             "file on a case-insensitive file system")
+
+
 class DataConfig(_Section):
     SHAPES = shapes("validate_gold_labels")
     source: Literal["synthetic", "files"] = "synthetic"
@@ -150,6 +179,12 @@ class DataConfig(_Section):
             ]
             if missing:
                 raise ValueError(f"data.source=files needs {missing}")
+        return self
+
+    @model_validator(mode="after")
+    def _plain_set_names(self) -> DataConfig:
+        check_set_names("data.extra_eval", self.extra_eval)
+        check_set_names("data.extra_corpus", self.extra_corpus)
         return self
 
 

@@ -59,3 +59,19 @@ def safe_filename(name: str) -> str:
     if not cleaned:
         raise ValueError(f"{name!r} gives an empty file name")
     return cleaned[:128]
+
+
+def plain_name_problem(name: str) -> str | None:
+    """Why a name the config gives a data set cannot name its files as it stands, else None.
+
+    The rule is `safe_filename`'s, kept strict: the name must be what safe_filename makes of
+    it (so two names never share a file, and none leaves its directory) and have no '.' (a
+    `key.sub=value` override splits on dots, and a stage's own files have dotted names)."""
+    try:
+        safe = safe_filename(name)
+    except ValueError:
+        return "is empty"
+    if safe != name or "." in name:
+        return ("is not a plain name: use letters, digits, '-' and '_' (at most 128), e.g. "
+                f"{safe.replace('.', '_')!r}")
+    return None

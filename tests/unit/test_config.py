@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from searchrl.config import ConfigError, PipelineConfig, load_config
 
@@ -81,3 +82,39 @@ def test_fingerprint_of_tracks_only_what_the_result_reads() -> None:
     b = load_config("configs/tiny.yaml", ["train.steps=7"])
     assert a.fingerprint_of("validate_gold_labels") == b.fingerprint_of("validate_gold_labels")
     assert a.fingerprint_of("train_policy") != b.fingerprint_of("train_policy")
+
+
+# --- data set names become file names: checked at load, one rule (paths.safe_filename)
+
+
+def _load_data(tmp_path: Path, **data: object) -> PipelineConfig:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"data": {
+        "source": "files", "train_path": "t.jsonl", "test_path": "e.jsonl",
+        "corpus_path": "c.jsonl", **data}}))
+    return load_config(path)
+
+
+@pytest.mark.parametrize(("names", "says"), [
+    (["../escape"], "'../escape' is not a plain name"),
+    (["/etc/x"], "'/etc/x' is not a plain name"),
+    (["a/b"], "'a/b' is not a plain name"),
+    (["a:b"], "'a:b' is not a plain name"),  # would share a_b's file
+    (["nq.dev"], "'nq.dev' is not a plain name"),
+    ([""], "'' is empty"),
+    (["main"], "'main' is reserved"),  # would replace the main corpus
+    (["test"], "'test' is reserved"),
+    (["NQ", "nq"], "'NQ' and 'nq' differ only in case"),
+])
+@pytest.mark.parametrize("section", ["extra_eval", "extra_corpus"])
+def test_data_set_names_are_checked_at_load(tmp_path: Path, section: str, names: list[str],
+                                            says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load_data(tmp_path, **{section: dict.fromkeys(names, "x.jsonl")})
+    assert f"data.{section}" in str(info.value) and says in str(info.value)
+
+
+def test_plain_data_set_names_load(tmp_path: Path) -> None:
+    config = _load_data(tmp_path, extra_eval={"hotpotqa": "q.jsonl", "2wiki-dev_1": "w.jsonl"},
+                        extra_corpus={"hotpotqa": "c.jsonl"})
+    assert set(config.data.extra_eval) == {"hotpotqa", "2wiki-dev_1"}

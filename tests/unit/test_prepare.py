@@ -391,3 +391,13 @@ def test_answers_of_other_types_converted_or_skipped_with_line_and_field(tmp_pat
     assert set(skips) == {(3, "answers"), (4, "answer")}
     assert "dict with keys ['value']" in skips[(3, "answers")]
     assert "boolean" in skips[(4, "answer")]
+
+
+def test_eval_set_names_that_become_extra_eval_names_are_checked_in_the_spec() -> None:
+    base = {"train": [{"name": "t", "source": "t.jsonl"}], "corpus": {"source": "c.jsonl"}}
+    with pytest.raises(ValueError, match=r"'\.\./x' is not a plain name"):
+        _spec(**base, eval={"nq": {"source": "a.jsonl"}, "../x": {"source": "b.jsonl"}})
+    with pytest.raises(ValueError, match="'main' is reserved"):
+        _spec(**base, eval={"nq": {"source": "a.jsonl"}, "main": {"source": "b.jsonl"}})
+    # The primary set becomes data.test_path, not an extra eval set: its name is free.
+    assert _spec(**base, eval={"test": {"source": "a.jsonl"}}).primary == "test"

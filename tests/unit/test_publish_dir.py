@@ -1,5 +1,6 @@
 """publish_dir: a complete directory replaces the old one; a reader never finds none, a failed
-swap keeps the old one, and no temp or old copy is left behind."""
+swap keeps the old one, and no temp or old copy is left behind. atomic_writer: the same for a
+file streamed in."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.data import io
-from searchrl.data.io import exchange_paths, publish_dir
+from searchrl.data.io import atomic_writer, exchange_paths, publish_dir
 
 
 def _dir(path: Path, text: str) -> Path:
@@ -111,3 +112,16 @@ def test_a_concurrent_reader_never_finds_the_directory_missing(tmp_path: Path) -
     seen, misses = map(int, out.split())
     assert (final / "marker").read_text() == "200" and _siblings(final) == ["a", "b", "stop"]
     assert seen > 0 and misses == 0
+
+
+def test_a_streamed_file_replaces_the_old_one_only_when_complete(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b"old\n")
+    with pytest.raises(RuntimeError, match="stream broke"), atomic_writer(path) as fh:
+        fh.write(b"half")
+        raise RuntimeError("stream broke")
+    assert path.read_bytes() == b"old\n" and _siblings(path) == []
+    with atomic_writer(path) as fh:
+        fh.write(b"new\n")
+    assert path.read_bytes() == b"new\n" and _siblings(path) == []
+    assert path.stat().st_mode & 0o777 != 0o600  # mkstemp's private mode is not kept

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 import tempfile
@@ -35,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from searchrl.config import DataConfig
+from searchrl.config import DataConfig, check_set_names
 from searchrl.data.io import (
     AnswerTypeError,
     DataError,
@@ -43,6 +42,7 @@ from searchrl.data.io import (
     _normalise_passage,
     answer_strings,
     atomic_write_text,
+    atomic_writer,
     manifest_path,
     write_jsonl,
 )
@@ -119,6 +119,8 @@ class PrepareSpec(_Spec):
         if self.primary_eval is not None and self.primary_eval not in self.eval:
             raise ValueError(f"primary_eval {self.primary_eval!r} is not an eval set "
                              f"({list(self.eval)})")
+        # The others become data.extra_eval names: checked here, before hours of work.
+        check_set_names("eval (data.extra_eval)", [n for n in self.eval if n != self.primary])
         return self
 
     @property
@@ -546,7 +548,7 @@ def _duplicates(bucket_dir: Path) -> tuple[int, list[dict[str, Any]]]:
 
 def _write_corpus(rows: Iterable[tuple[int, dict[str, Any]]], source: str, layout: str,
                   out_path: Path, referenced: set[str], progress: bool) -> _CorpusStats:
-    """Stream rows to out_path (temp file + rename) and its manifest, hashing as it writes.
+    """Stream rows to out_path (`atomic_writer`) and its manifest, hashing as it writes.
 
     The old manifest goes first, so an interrupted rewrite leaves nothing marked complete.
     """
@@ -554,41 +556,30 @@ def _write_corpus(rows: Iterable[tuple[int, dict[str, Any]]], source: str, layou
     digest = hashlib.sha256()
     found: set[str] = set()
     count = 0
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    try:
-        # The id buckets are closed (stack) before their directory goes.
-        with os.fdopen(fd, "wb") as out, tempfile.TemporaryDirectory(
-                dir=out_path.parent, prefix=".corpus-ids.") as bdir, ExitStack() as stack:
-            buckets: list[IO[str]] = [
-                stack.enter_context((Path(bdir) / f"{i:03d}").open("w", encoding="utf-8"))
-                for i in range(_BUCKETS)]
-            bar = stack.enter_context(tqdm(rows, desc=f"corpus {Path(source).name}",
-                                           unit=" rows", disable=not progress, mininterval=1.0))
-            for rowno, raw in bar:
-                passage = _passage(raw, layout, f"{source}:{rowno}")
-                data = (json.dumps(passage.model_dump(mode="json"), ensure_ascii=False,
-                                   sort_keys=True) + "\n").encode("utf-8")
-                out.write(data)
-                digest.update(data)
-                count += 1
-                key = passage.id.encode("utf-8")
-                buckets[zlib.crc32(key) % _BUCKETS].write(json.dumps([passage.id, rowno]) + "\n")
-                if passage.id in referenced:
-                    found.add(passage.id)
-            out.flush()
-            os.fsync(out.fileno())
-            for b in buckets:
-                b.flush()
-            dup_count, dup_examples = _duplicates(Path(bdir))
+    # The id buckets are closed (stack) before their directory goes.
+    with atomic_writer(out_path) as out, tempfile.TemporaryDirectory(
+            dir=out_path.parent, prefix=".corpus-ids.") as bdir, ExitStack() as stack:
+        buckets: list[IO[str]] = [
+            stack.enter_context((Path(bdir) / f"{i:03d}").open("w", encoding="utf-8"))
+            for i in range(_BUCKETS)]
+        bar = stack.enter_context(tqdm(rows, desc=f"corpus {Path(source).name}",
+                                       unit=" rows", disable=not progress, mininterval=1.0))
+        for rowno, raw in bar:
+            passage = _passage(raw, layout, f"{source}:{rowno}")
+            data = (json.dumps(passage.model_dump(mode="json"), ensure_ascii=False,
+                               sort_keys=True) + "\n").encode("utf-8")
+            out.write(data)
+            digest.update(data)
+            count += 1
+            key = passage.id.encode("utf-8")
+            buckets[zlib.crc32(key) % _BUCKETS].write(json.dumps([passage.id, rowno]) + "\n")
+            if passage.id in referenced:
+                found.add(passage.id)
         if count == 0:
             raise DataError(f"{source}: corpus has no rows")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> the usual shared-artifact mode
-        os.replace(tmp, out_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for b in buckets:
+            b.flush()
+        dup_count, dup_examples = _duplicates(Path(bdir))
     sha = digest.hexdigest()
     atomic_write_text(manifest_path(out_path),
                       json.dumps({"file": out_path.name, "rows": count, "sha256": sha}, indent=2))
