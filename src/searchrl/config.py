@@ -319,6 +319,9 @@ class IndexConfig(_Section):
     # Per client (address + X-Client-Id): token bucket of requests/s (0: no limit) and burst.
     service_rate_limit_per_s: Annotated[float, OPERATIONAL] = Field(100.0, ge=0.0)
     service_rate_burst: Annotated[int, OPERATIONAL] = Field(200, ge=1)
+    # Operational: a search (queue wait included) running longer answers 504, not retried;
+    # below client_timeout_s so the server answers before the client gives up and resends.
+    service_search_timeout_s: Annotated[float, OPERATIONAL] = Field(8.0, gt=0.0)
     max_batch: Annotated[int, OPERATIONAL] = Field(256, ge=1)
     max_top_k: Annotated[int, OPERATIONAL] = Field(50, ge=1)
     max_query_chars: Annotated[int, OPERATIONAL] = Field(1000, ge=1)
@@ -433,6 +436,13 @@ class RolloutConfig(_Section):
     # Rows decoded together (prompts x G are processed in chunks of this many).
     max_batch_rows: int = Field(64, ge=1)
     vllm_gpu_memory_utilization: Annotated[float, OPERATIONAL] = 0.4
+    # A rollout call (a training step's sampling, a curriculum or evaluation batch) fails its
+    # stage once more than this share of its search calls failed after the client's retries,
+    # counted from `min_search_failures` failed calls on: a dead retriever stops the run
+    # instead of training, estimating or evaluating on "Search failed" observations. A
+    # successful run's result does not depend on them.
+    max_search_failure_rate: Annotated[float, OPERATIONAL] = Field(0.1, ge=0.0, le=1.0)
+    min_search_failures: Annotated[int, OPERATIONAL] = Field(1, ge=1)
 
 
 class RewardConfig(_Section):

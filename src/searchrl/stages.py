@@ -17,6 +17,7 @@ are declared per field in `searchrl.config` (`config.inputs_of(stage)`); the cac
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,6 +37,7 @@ from searchrl.data.sources import source_fingerprint
 from searchrl.eval.run import (
     RESULTS_FILE,
     SETS_DIR,
+    EvalResult,
     evaluate_stage,
     load_eval_result,
     policy_selection,
@@ -44,8 +46,11 @@ from searchrl.gate.report import count_rows, stage_costs, write_gate_report
 from searchrl.paths import StagePaths
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
 from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train.grpo import choose_policy, cold_start, train_policy_run
-from searchrl.train.launch import launch_ranks, launched_rank
+from searchrl.train.checkpoint import checkpoint_dir_lock
+from searchrl.train.cold_start import cold_start
+from searchrl.train.grpo import train_policy_run
+from searchrl.train.launch import env_rank, launch_ranks
+from searchrl.train.selection import choose_policy
 from searchrl.types import (
     CheckpointRef,
     CurriculumRef,
@@ -247,29 +252,50 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     (train.keep_best), checkpoints/, metrics.jsonl, curve.png. A re-run after a crash resumes
     from the newest checkpoint. The reference's `policy_dir` is the selected policy (the best
     dev evaluation under train.keep_best, else the last step's); it records both.
-    With `train.launch.mode=deepspeed` this process starts the ranks through DeepSpeed's
-    launcher (`train/launch.py`); each rank runs this same function, rank 0 logs to the
-    stage's run and writes the reference.
+    `train.launch.mode=inprocess` trains here as one rank (`run_training`); `deepspeed` starts
+    the ranks through DeepSpeed's launcher (`train/launch.py`), each running `run_training`
+    through the rank entry point (`python -m searchrl train-rank`), and reads the reference
+    rank 0 wrote. Refused while another process trains into the same checkpoint dir.
     """
     started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).train_dir
-    launch = config.train.launch
-    my_rank = launched_rank()
-    if my_rank is None:
-        _begin(out_dir)
-        if launch.mode == "deepspeed":
-            from searchrl.retrieval.service import start_pending_service
+    if config.train.launch.mode == "inprocess":
+        with checkpoint_dir_lock(out_dir / CHECKPOINTS):
+            _begin(out_dir)
+            return run_training(config, dataset, index, curriculum, sink)
+    from searchrl.retrieval.service import start_pending_service
 
-            start_pending_service()  # the ranks search through the flow's managed server
-            launch_ranks(config, out_dir, mlflow_run_id=sink.run_id,
-                         tracking_uri=sink.tracking_uri)
-            # the stage's wall time includes starting the ranks
-            ranks_ref = read_ref(CheckpointRef, out_dir, "train")
-            seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
-            return _finish(dataclasses.replace(ranks_ref, seconds=seconds), out_dir)
-    lead = not my_rank
-    if not lead:
-        sink = NullSink()
+    with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
+        _begin(out_dir)
+    start_pending_service()  # the ranks search through the flow's managed server
+    launch_ranks(config, out_dir, mlflow_run_id=sink.run_id, tracking_uri=sink.tracking_uri)
+    ranks_ref = read_ref(CheckpointRef, out_dir, "train")
+    # the stage's wall time includes starting the ranks
+    seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
+    return _finish(dataclasses.replace(ranks_ref, seconds=seconds), out_dir)
+
+
+CHECKPOINTS = "checkpoints"  # under the stage dir (grpo's TrainState.checkpoints)
+
+
+def run_training(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
+                 curriculum: CurriculumRef | None, sink: MetricsSink) -> CheckpointRef:
+    """One rank's training (`$RANK`, 0 without a launcher): the in-process stage and every
+    launched rank run this. Rank 0 holds the checkpoint dir's lock, logs to `sink` and writes
+    the stage's reference; the other ranks log nothing and return theirs unwritten."""
+    started = time.perf_counter()
+    out_dir = StagePaths(config.run.work_dir).train_dir
+    lead = env_rank() == 0
+    with checkpoint_dir_lock(out_dir / CHECKPOINTS) if lead else contextlib.nullcontext():
+        return _train_rank(config, dataset, index, curriculum,
+                           sink if lead else NullSink(), lead=lead, started=started)
+
+
+def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
+                curriculum: CurriculumRef | None, sink: MetricsSink, *, lead: bool,
+                started: float) -> CheckpointRef:
+    out_dir = StagePaths(config.run.work_dir).train_dir
+    launch = config.train.launch
     train_path = Path(curriculum.train_path if curriculum else dataset.paths["train"])
     sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
     searcher = load_searcher(Path(index.index_dir), config.index)
@@ -412,8 +438,10 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
     _begin(out_dir)
     sink.log_params(config.to_dict()["gate"])
     costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
+    evaluated = load_eval_result(evaluation.results_path)
+    refuse_search_failures(evaluated, evaluation.results_path)
     outcome = write_gate_report(
-        config, load_eval_result(evaluation.results_path), out_dir,
+        config, evaluated, out_dir,
         gold_pairs=count_rows(dataset.paths.get("train")), stages=costs,
         metrics_path=checkpoint.metrics_path, cost_notes=notes)
     result = outcome.result
@@ -433,6 +461,26 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
         report_md=str(outcome.md_path), figures=outcome.figures,
         files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
         mlflow_run_id=sink.run_id), out_dir)
+
+
+class GateInputError(RuntimeError):
+    """The evaluation the gate would decide on is not a measurement of the systems."""
+
+
+def refuse_search_failures(result: EvalResult, results_path: str) -> None:
+    """Fail closed: a system whose evaluation saw failed searches (below the rollout's limit,
+    or a results file from before it) measured the retriever, not itself; no decision."""
+    failed = {name: s.summary.search_errors for name, s in result.systems.items()
+              if s.summary.search_errors}
+    for set_name, one in result.extra_sets.items():
+        failed |= {f"{set_name}/{name}": s.search_errors for name, s in one.systems.items()
+                   if s.search_errors}
+    if failed:
+        listed = ", ".join(f"{name}: {n}" for name, n in sorted(failed.items()))
+        raise GateInputError(
+            f"{results_path}: failed searches during evaluation ({listed}); the gate does not "
+            "decide on them. Fix the retriever and re-run evaluate_policy (the stages before it "
+            "are reused)")
 
 
 def _curriculum_record(paths: StagePaths) -> CurriculumRef | None:

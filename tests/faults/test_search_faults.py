@@ -11,6 +11,7 @@ really searches:
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,7 +25,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from searchrl.config import PipelineConfig, RewardConfig, RolloutConfig
 from searchrl.generation.hf import HFGenerator
 from searchrl.retrieval.client import RetrievalClient
-from searchrl.rl.rollout import RolloutBatch, run_rollouts
+from searchrl.rl.rollout import (
+    RetrieverFailedError,
+    RolloutBatch,
+    check_search_failures,
+    run_rollouts,
+)
 from searchrl.types import QAExample
 from tests.tagged_policy import WORDS, demo_tokenizer
 from tests.tagged_policy import searching_model as train_searching_model
@@ -34,6 +40,8 @@ EXAMPLES = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
                       golden_answers=(WORDS[i + 1],)) for i in range(3)]
 ROLLOUT = RolloutConfig(max_turns=2, max_new_tokens_per_turn=14, max_response_tokens=400,
                         top_k=1, info_token_budget=300)
+# Failed searches as observations only (what the limit counts is tested on its own below).
+TOLERANT = ROLLOUT.model_copy(update={"max_search_failure_rate": 1.0})
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -65,6 +73,9 @@ class FailingService:
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
+                if self.path == "/limits":  # none advertised, as Search-R1's server
+                    self._send(404, {"detail": "Not Found"})
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 with lock:
@@ -114,8 +125,8 @@ def _client(service: FailingService) -> RetrievalClient:
 
 
 def _rollouts(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
-              client: RetrievalClient) -> RolloutBatch:
-    return run_rollouts(EXAMPLES, HFGenerator(model, tok), client, ROLLOUT, RewardConfig(),
+              client: RetrievalClient, cfg: RolloutConfig = TOLERANT) -> RolloutBatch:
+    return run_rollouts(EXAMPLES, HFGenerator(model, tok), client, cfg, RewardConfig(),
                         group_size=2, greedy=True)
 
 
@@ -171,6 +182,30 @@ def _info_text(segments: list[tuple[str, int, int]], ids: list[int],
     return [str(tok.decode(b, skip_special_tokens=False)) for b in blocks]
 
 
+def test_a_dead_service_past_the_limit_fails_the_rollout_naming_it(
+        searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+        down: FailingService) -> None:
+    client = _client(down)
+    try:
+        with pytest.raises(RetrieverFailedError) as caught:
+            _rollouts(searching_model, tok, client, ROLLOUT)  # the default limit
+    finally:
+        client.close()
+    message = str(caught.value)
+    assert f"retrieval service {client.url}/retrieve" in message  # which service
+    assert "HTTP 500" in message  # its last error
+    assert re.search(r"\b(\d+) of \1 search calls failed", message)  # all of them, counted
+    assert "rollout.max_search_failure_rate" in message
+
+
+def test_failures_under_the_limit_stay_observations() -> None:
+    cfg = RolloutConfig(max_search_failure_rate=0.5, min_search_failures=2)
+    check_search_failures(1, 1, cfg, "x")  # one failure: under min_search_failures
+    check_search_failures(2, 4, cfg, "x")  # half: not more than half
+    with pytest.raises(RetrieverFailedError, match="3 of 4 search calls failed"):
+        check_search_failures(3, 4, cfg, "boom")
+
+
 # --- transient 500s within the retry budget
 
 
@@ -196,7 +231,7 @@ def test_transient_500s_are_absorbed_by_the_retries(
 # --- a GRPO step against the failing service
 
 
-def test_grpo_step_with_the_service_down_completes_and_logs_the_errors(
+def test_grpo_step_with_the_service_down_fails_instead_of_training(
         tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
     from searchrl.train.grpo import train_grpo
@@ -207,6 +242,34 @@ def test_grpo_step_with_the_service_down_completes_and_logs_the_errors(
     config = PipelineConfig.model_validate({
         "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
         "rollout": ROLLOUT.model_dump(mode="json") | {"group_size": 2},
+        "curriculum": {"dynamic_filtering": False},
+        "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
+                  "checkpoint_every": 1, "kl_coef": 0.0},
+    })
+    client = _client(down)
+    try:
+        with pytest.raises(RetrieverFailedError, match="search calls failed"):
+            train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
+    finally:
+        client.close()
+    # Nothing was trained on the errors: no step logged, no checkpoint, no final policy.
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    assert not metrics.exists() or metrics.read_text().strip() == ""
+    assert not list((tmp_path / "out").glob("checkpoints/step_*"))
+    assert not (tmp_path / "out" / "policy").exists()
+
+
+def test_grpo_step_with_failures_tolerated_completes_and_logs_the_errors(
+        tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+        down: FailingService) -> None:
+    from searchrl.train.grpo import train_grpo
+    from searchrl.train.sft import save_policy
+
+    init = tmp_path / "init"
+    save_policy(searching_model, tok, init)
+    config = PipelineConfig.model_validate({
+        "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
+        "rollout": TOLERANT.model_dump(mode="json") | {"group_size": 2},
         "curriculum": {"dynamic_filtering": False},
         "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
                   "checkpoint_every": 0, "kl_coef": 0.0},

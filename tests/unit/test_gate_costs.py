@@ -24,7 +24,7 @@ from searchrl.gate.render import render_html, render_markdown
 from searchrl.gate.report import build_gate, stage_costs, training_volume
 from searchrl.paths import StagePaths
 from searchrl.sinks import NullSink
-from searchrl.stages import decide_go_no_go, files_of, write_ref
+from searchrl.stages import GateInputError, decide_go_no_go, files_of, write_ref
 from searchrl.types import CheckpointRef, CurriculumRef, DatasetRef, EvalRef
 from tests.unit.test_gate_report import _eval
 
@@ -192,3 +192,23 @@ def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
     assert math.isnan(decision.figures["projection_ratio"])
     saved = json.loads((work / "decide_go_no_go" / "decision.json").read_text())
     assert [s["stage"] for s in saved["stages"]] == ["curriculum", "training", "evaluation"]
+
+
+def test_the_gate_does_not_decide_on_failed_searches(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    config = PipelineConfig.model_validate({"run": {"work_dir": str(work), "device": "cpu"},
+                                            "gate": {"min_gold_pairs": 10}})
+    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
+    data = ev.to_dict()
+    data["systems"][TRAINED]["summary"]["search_errors"] = 3
+    results = tmp_path / RESULTS_FILE
+    results.write_text(json.dumps(data))
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, [{"q": i} for i in range(50)])
+    dataset = DatasetRef(paths={"train": str(train)}, fingerprints={}, corpus_path="",
+                         corpus_fingerprint="", fingerprint="x")
+    ckpt = CheckpointRef(policy_dir=str(tmp_path), fingerprint="p", seconds=1800.0, devices=2)
+    evaluation = EvalRef(results_path=str(results), fingerprint="e", seconds=900.0)
+    with pytest.raises(GateInputError, match=rf"failed searches.*{TRAINED}: 3"):
+        decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+    assert not (work / "decide_go_no_go" / "decision.json").exists()  # no decision written

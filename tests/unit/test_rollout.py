@@ -14,7 +14,7 @@ from searchrl.generation.base import GenerationOutput, SamplingParams
 from searchrl.models.tiny import train_tokenizer
 from searchrl.retrieval.base import SearchError
 from searchrl.rl.prompts import ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, build_prompt
-from searchrl.rl.rollout import run_rollouts
+from searchrl.rl.rollout import RetrieverFailedError, run_rollouts
 from searchrl.types import QAExample, SearchHit
 
 CORPUS = [
@@ -219,13 +219,18 @@ def test_max_turns_forces_an_answer(tiny_tok: PreTrainedTokenizerBase) -> None:
 
 def test_search_errors_become_observations(tiny_tok: PreTrainedTokenizerBase) -> None:
     scripts = {0: ["<search> Drava Kell </search>", "<answer> Tornis </answer>"]}
+    tolerant = CFG.model_copy(update={"max_search_failure_rate": 1.0})
     batch = run_rollouts([EX], ScriptedGenerator(tiny_tok, scripts), DictSearcher(fail=True),
-                         CFG, RewardConfig(), group_size=1)
+                         tolerant, RewardConfig(), group_size=1)
     rec = batch.records[0]
     assert rec.search_errors == 1 and rec.retrieved_doc_ids == [[]]
     assert "Search failed: retriever down" in rec.text
     assert rec.correct and rec.finish_reason == "answer"
     assert batch.stats["search_errors"] == 1.0 and batch.stats["search_error_rate"] == 1.0
+    # With the default limit the same failure stops the rollout, naming the error.
+    with pytest.raises(RetrieverFailedError, match=r"1 of 1 search calls failed.*retriever down"):
+        run_rollouts([EX], ScriptedGenerator(tiny_tok, scripts), DictSearcher(fail=True), CFG,
+                     RewardConfig(), group_size=1)
 
 
 def test_searches_of_a_turn_go_as_one_batch_and_order_is_question_major(

@@ -6,7 +6,10 @@ Used by training (sampling) and evaluation (greedy) alike. Per-sample state is e
     generate  all live rows until </search>, </answer>, EOS or their token limit
     parse     each row's turn text (policy text only) -> search | answer | invalid
     search    all queries of the turn as ONE `search_batch` call; a SearchError becomes an
-              observation ("Search failed: ...") and a counted metric, not a crash
+              observation ("Search failed: ...") and a counted metric; past
+              `rollout.max_search_failure_rate` of the calls (at least
+              `rollout.min_search_failures`) the loop raises RetrieverFailedError: a dead
+              retriever stops the stage instead of training or evaluating on errors
     insert    <information> top-k passages, neutralised and truncated to info_token_budget
     force     after `max_turns` searches the template opens <answer> for one last turn
 
@@ -90,6 +93,24 @@ class _Timers:
     retrieval_s: float = 0.0
     search_calls: int = 0
     failed_calls: int = 0
+    last_error: str = ""
+
+
+class RetrieverFailedError(RuntimeError):
+    """Too many of a rollout call's searches failed: the retriever is down or broken, so
+    what the stage would train on, estimate or report is not a measurement of the policy."""
+
+
+def check_search_failures(failed: int, calls: int, cfg: RolloutConfig, last_error: str
+                          ) -> None:
+    """Raise RetrieverFailedError when `failed` of `calls` search calls is past the limit."""
+    if failed >= cfg.min_search_failures and failed > cfg.max_search_failure_rate * calls:
+        raise RetrieverFailedError(
+            f"{failed} of {calls} search calls failed (limit: more than "
+            f"rollout.max_search_failure_rate={cfg.max_search_failure_rate:g} of them, at "
+            f"least rollout.min_search_failures={cfg.min_search_failures}); last error: "
+            f"{last_error}. Check that the retriever is up and answers (its log, `/health`), "
+            "then re-run: finished stages are reused")
 
 
 class _Glue:
@@ -113,8 +134,9 @@ def run_rollouts(examples: Sequence[QAExample], generator: Generator, searcher: 
     """Roll out `group_size` samples per example; records question-major, with stats.
 
     Rows are processed in chunks of `rollout_cfg.max_batch_rows`. The generator's cached
-    state is released at the end. Raises ValueError on bad arguments; search failures never
-    raise (they are observations, counted in `search_errors`).
+    state is released at the end. Raises ValueError on bad arguments. A failed search is an
+    observation (counted in `search_errors`) until the call's failures pass the configured
+    limit: then RetrieverFailedError, checked after every chunk so a dead retriever fails fast.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES} (got {mode!r})")
@@ -138,6 +160,8 @@ def run_rollouts(examples: Sequence[QAExample], generator: Generator, searcher: 
             _run_chunk(samples[start:start + step], generator, searcher, rollout_cfg, glue,
                        timers, greedy=greedy, seed=seed + _CHUNK_SEED_STRIDE * chunk_no,
                        mode=mode)
+            check_search_failures(timers.failed_calls, timers.search_calls, rollout_cfg,
+                                  timers.last_error)
     finally:
         generator.release()
     records = [_to_record(s, glue, reward_cfg, mode) for s in samples]
@@ -246,6 +270,7 @@ def _search_and_insert(rows: list[_Sample], queries: list[str], searcher: Search
     timers.retrieval_s += time.perf_counter() - t0
     if error is not None:
         timers.failed_calls += 1
+        timers.last_error = error
     for i, (s, query) in enumerate(zip(rows, queries, strict=True)):
         s.queries.append(query)
         if error is not None:
