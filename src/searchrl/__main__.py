@@ -9,7 +9,9 @@ under `run.work_dir`.
     python -m searchrl validate   --config ...     # stage 1
     python -m searchrl index      --config ...     # stage 2
     python -m searchrl curriculum --config ...     # stage 3 (cold start + difficulty filter)
-    python -m searchrl train      --config ...     # stage 4 (also what each DeepSpeed rank runs)
+    python -m searchrl train      --config ...     # stage 4
+    python -m searchrl train-rank --config ...     # one rank of stage 4: what the stage's
+                                    # DeepSpeed launcher starts (train.launch.mode=deepspeed)
     python -m searchrl evaluate   --config ...     # stage 5
     python -m searchrl gate       --config ...     # stage 6 (exit 0 on GO, 1 on NO-GO)
     python -m searchrl apply-audit --decisions FILE [--steward NAME] --config ...
@@ -39,7 +41,8 @@ from searchrl.sinks import MetricsSink, NullSink
 STAGE_COMMANDS = {"validate": "validate_gold_labels", "index": "build_index",
                   "curriculum": "filter_curriculum", "train": "train_policy",
                   "evaluate": "evaluate_policy", "gate": "decide_go_no_go"}
-COMMANDS = ["config", "generate-world", "prepare-data", "apply-audit", *STAGE_COMMANDS]
+COMMANDS = ["config", "generate-world", "prepare-data", "apply-audit", *STAGE_COMMANDS,
+            "train-rank"]
 
 
 def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
@@ -95,6 +98,8 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         return 0
     if command == "apply-audit":
         return _apply_audit(config, args)
+    if command == "train-rank":
+        return _train_rank(config, args)
     if command == "generate-world":
         from searchrl.data.synthetic import generate_world, write_world
         from searchrl.paths import StagePaths
@@ -120,6 +125,36 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
     print(json.dumps(dataclasses.asdict(ref), indent=2))
     if command == "gate":
         return 0 if ref.go else 1
+    return 0
+
+
+def _train_rank(config: PipelineConfig, args: argparse.Namespace) -> int:
+    """One rank of the train stage, as DeepSpeed's launcher starts it (`$RANK` etc. set):
+    the stage's inputs from the upstream `ref.json`, then `stages.run_training`; rank 0
+    logs into `--mlflow-run-id` and writes the stage's reference."""
+    from searchrl.data.io import DataError
+    from searchrl.stages import StageInputError, run_training
+    from searchrl.train.launch import (
+        LaunchError,
+        env_rank,
+        guard_rank_process,
+        load_launch_secrets,
+    )
+
+    guard_rank_process()  # never outlive the stage that launched us
+    try:
+        load_launch_secrets()  # several nodes: the retriever token etc.
+        dataset, index, curriculum = _inputs("train", config)
+    except (LaunchError, StageInputError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    run_id = args.mlflow_run_id if env_rank() == 0 else None
+    try:
+        ref = run_training(config, dataset, index, curriculum, _sink(config, run_id))
+    except DataError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(json.dumps(dataclasses.asdict(ref), indent=2))
     return 0
 
 
@@ -161,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mlflow-run-id", default=None,
                         help="log the stage into this existing MLflow run")
     parser.add_argument("--local_rank", type=int, default=0,
-                        help="set by the deepspeed launcher (the rank is read from $RANK)")
+                        help="train-rank: set by the deepspeed launcher (the rank is read "
+                        "from $RANK)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO,

@@ -25,7 +25,6 @@ from safetensors.torch import load_file
 
 from flows.pipeline import pipeline
 from searchrl.tracking import child_runs
-from searchrl.train.launch import RANK_MARKER
 from tests.flows.test_pipeline_flow import FAST
 from tests.helpers import free_port
 
@@ -69,10 +68,10 @@ def test_the_flow_launches_ranks_that_train_like_hand_started_ranks(
         shutil.copytree(work / stage, copy / stage)
     shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
     port = str(free_port())
-    args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}"]
+    args = ["train-rank", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}"]
     procs = [subprocess.Popen(
         _cli(*args, f"--local_rank={r}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=os.environ | {RANK_MARKER: "1", "RANK": str(r), "LOCAL_RANK": str(r),
+        env=os.environ | {"RANK": str(r), "LOCAL_RANK": str(r),
                           "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                           "OMP_NUM_THREADS": "1"}) for r in (0, 1)]
     for proc in procs:
