@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -497,6 +498,23 @@ class RewardConfig(_Section):
 _SAMPLING = shapes("filter_curriculum", "train_policy", "train_run")
 
 
+# Bounds of settings under which a stage learns nothing or cannot run: field -> (operator,
+# bound, why). Checked at load, so `train.steps=0` fails there, not as a "trained" policy.
+Bound = tuple[Literal[">=", ">"], float, str]
+
+
+def check_bounds(where: str, section: BaseModel, bounds: Mapping[str, Bound]) -> None:
+    """ValueError naming `<where>.<field>=<value>`, the bound and why, for the first field
+    out of its bound (None passes: it means "not set")."""
+    for name, (op, bound, why) in bounds.items():
+        value = getattr(section, name)
+        if value is None:
+            continue
+        ok = math.isfinite(value) and (value >= bound if op == ">=" else value > bound)
+        if not ok:
+            raise ValueError(f"{where}.{name}={value}: must be {op} {bound:g}" + why)
+
+
 class CurriculumConfig(_Section):
     # The difficulty estimate; training sees its result through the curriculum's reference.
     SHAPES = shapes("filter_curriculum")
@@ -512,6 +530,26 @@ class CurriculumConfig(_Section):
     reestimate_every: Annotated[int, _SAMPLING] = 0
     # Cap on questions whose difficulty is estimated (None = the whole train split).
     max_questions: int | None = None
+
+    @model_validator(mode="after")
+    def _sensible(self) -> CurriculumConfig:
+        if self.enabled:
+            check_bounds("curriculum", self, {"group_size": (
+                ">=", 2, ": one sample per question has pass rate 0 or 1, so every question "
+                         "would be dropped for lack of reward variance")})
+        rate: Bound = (">=", 0.0, " (a pass rate is in 0..1)")
+        check_bounds("curriculum", self, {
+            "min_pass_rate": rate, "max_pass_rate": rate,
+            "reestimate_every": (">=", 0, " (0: never)"),
+            "max_questions": (">=", 1, " (null: the whole train split)")})
+        if self.max_pass_rate > 1.0:
+            raise ValueError(f"curriculum.max_pass_rate={self.max_pass_rate}: must be <= 1 "
+                             "(a pass rate is in 0..1)")
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ValueError(f"curriculum.min_pass_rate={self.min_pass_rate} is above "
+                             f"curriculum.max_pass_rate={self.max_pass_rate}: no question "
+                             "could be kept")
+        return self
 
 
 # --- stage 4: training
@@ -570,6 +608,17 @@ class SFTConfig(_Section):
     grad_clip: float = 1.0
     # A demo longer than this raises (truncation would cut the answer the demo is for).
     max_len: int = 1024
+
+    @model_validator(mode="after")
+    def _sensible(self) -> SFTConfig:
+        if self.enabled:  # a cold start that changes nothing is then trained on
+            check_bounds("train.sft", self, {
+                "epochs": (">=", 1, " (or train.sft.enabled=false)"),
+                "lr": (">", 0, ": the cold start would not change the model"),
+                "batch_size": (">=", 1, ""), "max_len": (">=", 1, ""),
+                "weight_decay": (">=", 0, ""),
+                "grad_clip": (">", 0, ": gradients clipped to norm 0 change nothing")})
+        return self
 
 
 class LaunchConfig(_Section):
@@ -660,6 +709,22 @@ class TrainConfig(_Section):
         if not self.select_metric.startswith("dev_"):
             raise ValueError(f"train.select_metric={self.select_metric!r}: must be a dev "
                              "metric the trainer logs (dev_em, dev_em_hop<N>, dev_searches_all)")
+        return self
+
+    @model_validator(mode="after")
+    def _sensible(self) -> TrainConfig:
+        check_bounds("train", self, {
+            "steps": (">=", 1, ": a run without steps would publish the cold-start policy "
+                               "as trained"),
+            "questions_per_step": (">=", 1, ""),
+            "lr": (">", 0, ": the policy would not change"),
+            "micro_batch_size": (">=", 1, ""),
+            "clip_eps": (">", 0, ": a zero clip range stops every update after the first"),
+            "kl_coef": (">=", 0, ""), "weight_decay": (">=", 0, ""),
+            "checkpoint_every": (">=", 0, " (0: only the last step)"),
+            "keep_checkpoints": (">=", 1, ": a run must keep the checkpoint it resumes from"),
+            "max_nonfinite_steps": (">=", 0, ""),
+            "grad_clip": (">=", 0, " (0: off)")})
         return self
 
 
@@ -775,6 +840,14 @@ class PipelineConfig(_Section):
     gate: GateConfig = GateConfig()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _groups_have_variance(self) -> PipelineConfig:
+        if self.rollout.group_size < 2:
+            raise ValueError(f"rollout.group_size={self.rollout.group_size}: must be >= 2: "
+                             "GRPO's advantage is relative to the question's group, one "
+                             "sample has none and every training step would be skipped")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

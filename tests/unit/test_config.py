@@ -118,3 +118,50 @@ def test_plain_data_set_names_load(tmp_path: Path) -> None:
     config = _load_data(tmp_path, extra_eval={"hotpotqa": "q.jsonl", "2wiki-dev_1": "w.jsonl"},
                         extra_corpus={"hotpotqa": "c.jsonl"})
     assert set(config.data.extra_eval) == {"hotpotqa", "2wiki-dev_1"}
+
+
+# --- settings under which training learns nothing (or cannot run) are rejected at load
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("train.steps=0", "train.steps=0"),
+    ("train.questions_per_step=0", "train.questions_per_step=0"),
+    ("train.lr=0", "train.lr=0"),
+    ("train.lr=-1e-4", "train.lr=-0.0001"),
+    ("train.lr=.inf", "train.lr=inf"),
+    ("train.micro_batch_size=0", "train.micro_batch_size=0"),
+    ("train.clip_eps=0", "train.clip_eps=0"),
+    ("train.kl_coef=-0.1", "train.kl_coef=-0.1"),
+    ("train.weight_decay=-1", "train.weight_decay=-1"),
+    ("train.checkpoint_every=-1", "train.checkpoint_every=-1"),
+    ("train.keep_checkpoints=0", "train.keep_checkpoints=0"),
+    ("train.max_nonfinite_steps=-1", "train.max_nonfinite_steps=-1"),
+    ("train.grad_clip=-1", "train.grad_clip=-1"),
+    ("train.sft.epochs=0", "train.sft.epochs=0"),
+    ("train.sft.lr=0", "train.sft.lr=0"),
+    ("train.sft.batch_size=0", "train.sft.batch_size=0"),
+    ("train.sft.grad_clip=0", "train.sft.grad_clip=0"),
+    ("train.sft.max_len=0", "train.sft.max_len=0"),
+    ("curriculum.group_size=1", "curriculum.group_size=1"),
+    ("curriculum.min_pass_rate=-0.1", "curriculum.min_pass_rate=-0.1"),
+    ("curriculum.max_pass_rate=1.5", "curriculum.max_pass_rate=1.5"),
+    ("curriculum.reestimate_every=-1", "curriculum.reestimate_every=-1"),
+    ("curriculum.max_questions=0", "curriculum.max_questions=0"),
+    ("rollout.group_size=1", "rollout.group_size=1"),
+])
+def test_settings_that_learn_nothing_are_rejected_naming_the_key(override: str,
+                                                                 says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("configs/tiny.yaml", [override])
+    assert says in str(info.value)
+
+
+def test_pass_rate_band_must_not_be_empty() -> None:
+    with pytest.raises(ConfigError, match=r"curriculum.min_pass_rate=0.8 is above "
+                                          r"curriculum.max_pass_rate=0.2"):
+        load_config("configs/tiny.yaml", ["curriculum.min_pass_rate=0.8",
+                                          "curriculum.max_pass_rate=0.2"])
+    # Off switches stay allowed: no checkpoints, no SFT epochs when the cold start is off.
+    config = load_config("configs/tiny.yaml", ["train.checkpoint_every=0", "train.grad_clip=0",
+                                               "train.sft.enabled=false", "train.sft.epochs=0"])
+    assert config.train.checkpoint_every == 0 and not config.train.sft.enabled
