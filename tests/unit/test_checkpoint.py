@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,9 @@ import torch
 
 from searchrl.train.checkpoint import (
     CheckpointError,
+    CheckpointLockError,
     capture_rng,
+    checkpoint_dir_lock,
     latest_checkpoint,
     load_checkpoint,
     restore_rng,
@@ -123,3 +128,36 @@ def test_mismatched_model_is_an_error(tmp_path: Path) -> None:
     other.module = torch.nn.Sequential(torch.nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match="does not match"):
         load_checkpoint(path, other)
+
+
+# --- one trainer per checkpoint dir
+
+_HOLD = ("import sys, time; from pathlib import Path; "
+         "from searchrl.train.checkpoint import checkpoint_dir_lock\n"
+         "with checkpoint_dir_lock(Path(sys.argv[1])):\n"
+         "    print('held', flush=True); time.sleep(600)")
+
+
+def test_a_second_process_cannot_train_into_a_locked_checkpoint_dir(tmp_path: Path) -> None:
+    root = tmp_path / "train_policy" / "checkpoints"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(root)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with (pytest.raises(CheckpointLockError, match=rf"pid {holder.pid} on .*wait for it"),
+              checkpoint_dir_lock(root)):
+            pass
+        assert not root.exists()  # refused before touching the dir
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops the lock with the process
+        holder.wait()
+    with checkpoint_dir_lock(root) as lock:
+        assert lock == root.with_name("checkpoints.lock")
+        assert f"pid {os.getpid()} " in lock.read_text()
+        with checkpoint_dir_lock(root):  # re-entrant in one process (stage + rank 0)
+            pass
+        probe = subprocess.run([sys.executable, "-c", _HOLD.replace("600", "0"), str(root)],
+                               capture_output=True, text=True)
+        assert probe.returncode != 0 and f"pid {os.getpid()} " in probe.stderr
+    assert lock.read_text() == ""  # released: no holder named
+

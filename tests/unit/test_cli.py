@@ -40,3 +40,13 @@ def test_stage_without_its_inputs_says_what_to_run(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["index", f"run.work_dir={tmp_path}"]) == 2
     assert "run `python -m searchrl validate` first" in capsys.readouterr().err
+
+
+def test_train_rank_is_the_rank_entry_point_and_reads_the_train_inputs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # What DeepSpeed's launcher starts for each rank (with --local_rank); it reads the same
+    # upstream references as the train stage and never launches again.
+    assert main(["train-rank", "--local_rank=0", "train.launch.mode=deepspeed",
+                 "train.launch.ranks=2", f"run.work_dir={tmp_path}"]) == 2
+    assert "run `python -m searchrl validate` first" in capsys.readouterr().err
+    assert not (tmp_path / "train_policy" / "launch").exists()
