@@ -62,7 +62,12 @@ from searchrl.data.io import (
     read_raw_qa_rows,
     write_jsonl,
 )
-from searchrl.data.sources import SourceRows, extra_eval_split, materialise_sources
+from searchrl.data.sources import (
+    SourcePaths,
+    SourceRows,
+    extra_eval_split,
+    materialise_sources,
+)
 from searchrl.types import Passage, QAExample
 
 # A row failing these cannot be used as it stands; a steward corrects the source instead. They
@@ -276,92 +281,107 @@ def _check_invariant(outcomes: list[RowOutcome], rows_in: dict[str, int],
                 f"{split}: clean {n_clean} + quarantined {n_quar} != input {n} rows")
 
 
-def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationResult:
-    """Validate every QA split and corpus; write clean splits, quarantine and audit report.
+@dataclass
+class _QAChecked:
+    """Every QA row's outcome after the contracts, and the rows the later checks see."""
 
-    Returns the clean split and extra eval set paths (`<out_dir>/<split>.jsonl`, ':' in split
-    names as '_'), the corpus paths and the report paths. Raises DataError (a source file unreadable as a whole; one line
-    naming it), ContractError (a corpus breaks its contract, or a suite module is broken),
-    OverridesError (bad overrides file) or QuarantineThresholdError (after writing quarantine
-    and report; no clean split is then marked complete).
-    """
-    cfg = config.validate_
-    started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*.jsonl.manifest.json"):  # an earlier run's outputs: not ours
-        old.unlink()
-    overrides = load_overrides(cfg.overrides_path)
-    provenance = SourceRows()
-    source_paths = materialise_sources(config.data, out_dir / "source", provenance=provenance)
-    runner = SuiteRunner(cfg.contracts_dir, cfg)
+    outcomes: list[RowOutcome] = field(default_factory=list)
+    sound: list[CheckedRow] = field(default_factory=list)  # parse and pass the contract
+    broken: list[CheckedRow] = field(default_factory=list)  # parse, break the contract
+    proxies: list[CheckedRow] = field(default_factory=list)  # train rows without usable gold
+    rows_in: dict[str, int] = field(default_factory=dict)
+    suites: list[SuiteResult] = field(default_factory=list)
 
-    # --- corpora
+
+def _check_corpora(runner: SuiteRunner, sources: SourcePaths
+                   ) -> tuple[dict[str, list[Passage]], list[SuiteResult]]:
+    """Every corpus through its suite and row schema (a broken passage raises)."""
     corpora: dict[str, list[Passage]] = {}
     suites: list[SuiteResult] = []
-    parsed_corpora: dict[Path, list[Passage]] = {}  # one file may serve several names
-    for name, path in source_paths.corpus_sets().items():
-        if path not in parsed_corpora:
-            parsed_corpora[path] = read_passages(path)
-        corpora[name] = parsed_corpora[path]
+    parsed: dict[Path, list[Passage]] = {}  # one file may serve several names
+    for name, path in sources.corpus_sets().items():
+        if path not in parsed:
+            parsed[path] = read_passages(path)
+        corpora[name] = parsed[path]
         suites.append(_check_corpus(runner, name, path, corpora[name]))
+    return corpora, suites
 
-    # --- QA splits: corrections, contract, schema
-    used: set[int] = set()
-    outcomes: list[RowOutcome] = []
-    checked: list[CheckedRow] = []
-    broken: list[CheckedRow] = []  # parse as QAExample but break the contract
-    proxies: list[CheckedRow] = []
-    rows_in: dict[str, int] = {}
-    for name, path in source_paths.qa_sets().items():
-        rows = read_raw_qa_rows(path)  # our own copy: every line is a JSON object
-        file = provenance.files.get(name, str(path))
-        if name in provenance.rows:  # number rows as the steward's file does, not the copy
-            source_rows = provenance.rows[name]
-            if len(source_rows) != len(rows):
-                raise ValidationInvariantError(f"{path}: {len(rows)} rows copied from {file}, "
-                                               f"which has {len(source_rows)}")
-            rows = [(rowno, raw) for rowno, (_, raw) in zip(source_rows, rows, strict=True)]
+
+def _source_rows(name: str, path: Path, provenance: SourceRows
+                 ) -> tuple[str, list[tuple[int, dict[str, Any]]]]:
+    """The steward's file and its rows numbered as there (not as in our copy)."""
+    rows = read_raw_qa_rows(path)  # our own copy: every line is a JSON object
+    file = provenance.files.get(name, str(path))
+    if name in provenance.rows:
+        source_rows = provenance.rows[name]
+        if len(source_rows) != len(rows):
+            raise ValidationInvariantError(f"{path}: {len(rows)} rows copied from {file}, "
+                                           f"which has {len(source_rows)}")
+        rows = [(rowno, raw) for rowno, (_, raw) in zip(source_rows, rows, strict=True)]
+    return file, rows
+
+
+def _check_qa_sets(runner: SuiteRunner, sources: SourcePaths, provenance: SourceRows,
+                   overrides: list[Override], used: set[int]) -> _QAChecked:
+    """Per QA set: steward corrections, then its suite and row schema, row by row."""
+    out = _QAChecked()
+    for name, path in sources.qa_sets().items():
+        file, rows = _source_rows(name, path, provenance)
         unreadable = provenance.unreadable.get(name, [])
-        rows_in[name] = len(rows) + len(unreadable)
+        out.rows_in[name] = len(rows) + len(unreadable)
         corrected = _apply_corrections(name, rows, overrides, used)
         suite = "gold_qa" if name == "train" else "eval_set"
         result = runner.run(suite, name, [raw for _, raw in rows])
-        suites.append(result)
+        out.suites.append(result)
         flags, parsed, leak_only = _contract_flags(name, rows, result, runner.row_schema(suite))
         for rowno, raw in rows:
-            outcomes.append(RowOutcome(name, file, rowno, raw, list(flags.get(rowno, [])),
-                                       overrides=list(corrected.get(rowno, []))))
+            out.outcomes.append(RowOutcome(name, file, rowno, raw, list(flags.get(rowno, [])),
+                                           overrides=list(corrected.get(rowno, []))))
             if rowno in parsed:
-                (broken if flags.get(rowno) else checked).append(
+                (out.broken if flags.get(rowno) else out.sound).append(
                     CheckedRow(name, rowno, parsed[rowno]))
             elif rowno in leak_only and name == "train":
-                proxies.append(CheckedRow(name, rowno, leak_only[rowno]))
-        outcomes.extend(_parse_outcome(name, bad) for bad in unreadable)
+                out.proxies.append(CheckedRow(name, rowno, leak_only[rowno]))
+        out.outcomes.extend(_parse_outcome(name, bad) for bad in unreadable)
+    return out
 
-    # --- checks beyond the schema, on contract-broken rows too (after the sound ones, so a
-    # duplicate_question lands on the broken copy and the sound "first occurrence" is kept)
-    usable = checked
-    checked = usable + broken
+
+def _flag_beyond_schema(qa: _QAChecked, corpora: dict[str, list[Passage]],
+                        cfg: ValidateConfig) -> None:
+    """The checks beyond the schema, on contract-broken rows too (after the sound ones, so a
+    duplicate_question lands on the broken copy and the sound "first occurrence" is kept);
+    their flags join the rows' outcomes."""
+    checked = qa.sound + qa.broken
     evals = [c for c in checked if c.split != "train"]
     extra = (answer_variant_flags(checked) + question_group_flags(checked)
              + near_duplicate_leakage_flags(checked, cfg.near_duplicate_threshold)
              + time_sensitive_flags(checked, cfg.time_sensitive_terms)
              + answerability_flags(checked, corpora, cfg.non_extractive_answers)
-             + (leakage_flags(proxies + evals, cfg.near_duplicate_threshold) if proxies else []))
-    by_row = {(o.split, o.row): o for o in outcomes}
+             + (leakage_flags(qa.proxies + evals, cfg.near_duplicate_threshold)
+                if qa.proxies else []))
+    by_row = {(o.split, o.row): o for o in qa.outcomes}
     for f in extra:
         by_row[(f.split, f.row)].flags.append(f)
 
-    # --- decide
-    for o in outcomes:
-        _decide(o, cfg, overrides, used)
-    clean: dict[str, list[QAExample]] = defaultdict(list)
-    for c in usable:
-        if not by_row[(c.split, c.row)].quarantined:
-            clean[c.split].append(c.example)
-    _check_invariant(outcomes, rows_in, clean)
 
-    # --- counts, quarantine, report
+def _decide_rows(qa: _QAChecked, cfg: ValidateConfig, overrides: list[Override],
+                 used: set[int]) -> dict[str, list[QAExample]]:
+    """Quarantine or keep every row; the clean examples per split (invariant checked)."""
+    for o in qa.outcomes:
+        _decide(o, cfg, overrides, used)
+    quarantined = {(o.split, o.row) for o in qa.outcomes if o.quarantined}
+    clean: dict[str, list[QAExample]] = defaultdict(list)
+    for c in qa.sound:
+        if (c.split, c.row) not in quarantined:
+            clean[c.split].append(c.example)
+    _check_invariant(qa.outcomes, qa.rows_in, clean)
+    return clean
+
+
+def _counts(outcomes: list[RowOutcome], rows_in: dict[str, int],
+            clean: dict[str, list[QAExample]], n_overrides: int, n_used: int
+            ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Totals and per-split counts for the metrics and the report."""
     counts = {
         "rows_in": sum(rows_in.values()),
         "clean": sum(len(v) for v in clean.values()),
@@ -370,13 +390,33 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
         "accepted": sum(1 for o in outcomes if o.status == "accepted by steward"),
         "corrected": sum(1 for o in outcomes
                          if any(a.override.action == "correct" for a in o.overrides)),
-        "unused_overrides": len(overrides) - len(used),
+        "unused_overrides": n_overrides - n_used,
     }
     split_counts = {
         s: {"rows_in": n, "clean": len(clean.get(s, [])),
             "quarantined": sum(1 for o in outcomes if o.split == s and o.quarantined),
             "review": sum(1 for o in outcomes if o.split == s and not o.quarantined and o.flags)}
         for s, n in rows_in.items()}
+    return counts, split_counts
+
+
+@dataclass
+class _Written:
+    quarantined: list[dict[str, Any]]
+    quarantine_path: Path
+    report_md: Path
+    report_html: Path
+    audit_path: Path
+    check_counts: dict[str, int]
+    quarantine_fraction: float
+
+
+def _write_audit(config: PipelineConfig, out_dir: Path, qa: _QAChecked, suites: list[SuiteResult],
+                 counts: dict[str, int], split_counts: dict[str, dict[str, int]],
+                 overrides: list[Override], used: set[int]) -> _Written:
+    """quarantine.jsonl, audit_report.{md,html} and audit.json."""
+    cfg = config.validate_
+    outcomes = qa.outcomes
     check_counts = check_row_counts(outcomes)
     quarantined = [_quarantine_record(o, cfg) for o in outcomes if o.quarantined]
     quarantine_path = out_dir / "quarantine.jsonl"
@@ -401,27 +441,65 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
         "suites": [{"suite": s.suite, "dataset": s.dataset, "rows": s.rows,
                     "outcomes": [asdict(x) for x in s.outcomes]} for s in suites],
     }, indent=1, default=str, ensure_ascii=False))
-    share = audit.quarantine_fraction
+    return _Written(quarantined, quarantine_path, report_md, report_html, audit_path,
+                    check_counts, audit.quarantine_fraction)
+
+
+def _write_clean(out_dir: Path, names: list[str],
+                 clean: dict[str, list[QAExample]]) -> dict[str, Path]:
+    """Each QA set's clean rows as `<out_dir>/<split>.jsonl` (manifests last: complete now)."""
+    paths: dict[str, Path] = {}
+    for name in names:
+        paths[name] = out_dir / f"{_safe(name)}.jsonl"
+        write_jsonl(paths[name], clean.get(name, []))
+        if not manifest_path(paths[name]).is_file():
+            raise ValidationInvariantError(f"{paths[name]}: manifest missing after write")
+    return paths
+
+
+def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationResult:
+    """Validate every QA split and corpus; write clean splits, quarantine and audit report.
+
+    Returns the clean split and extra eval set paths (`<out_dir>/<split>.jsonl`, ':' in split
+    names as '_'), the corpus paths and the report paths. Raises DataError (a source file
+    unreadable as a whole; one line naming it), ContractError (a corpus breaks its contract,
+    or a suite module is broken), OverridesError (bad overrides file) or
+    QuarantineThresholdError (after writing quarantine and report; no clean split is then
+    marked complete).
+    """
+    cfg = config.validate_
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.jsonl.manifest.json"):  # an earlier run's outputs: not ours
+        old.unlink()
+    overrides = load_overrides(cfg.overrides_path)
+    provenance = SourceRows()
+    sources = materialise_sources(config.data, out_dir / "source", provenance=provenance)
+    runner = SuiteRunner(cfg.contracts_dir, cfg)
+    corpora, corpus_suites = _check_corpora(runner, sources)
+    used: set[int] = set()
+    qa = _check_qa_sets(runner, sources, provenance, overrides, used)
+    _flag_beyond_schema(qa, corpora, cfg)
+    clean = _decide_rows(qa, cfg, overrides, used)
+    counts, split_counts = _counts(qa.outcomes, qa.rows_in, clean, len(overrides), len(used))
+    written = _write_audit(config, out_dir, qa, corpus_suites + qa.suites, counts,
+                           split_counts, overrides, used)
+    share = written.quarantine_fraction
     if share > cfg.max_quarantine_fraction:
         raise QuarantineThresholdError(
             f"{counts['quarantined']}/{counts['rows_in']} rows ({share:.1%}) quarantined, above "
-            f"validate.max_quarantine_fraction={cfg.max_quarantine_fraction}; see {report_html} "
-            f"and {quarantine_path}; fix the data or record steward decisions in "
+            f"validate.max_quarantine_fraction={cfg.max_quarantine_fraction}; see "
+            f"{written.report_html} and {written.quarantine_path}; fix the data or record "
+            "steward decisions in "
             + (str(cfg.overrides_path) if cfg.overrides_path else "validate.overrides_path"),
-            (report_md, report_html, quarantine_path))
-
-    # --- clean splits (manifests last: only now are they complete)
-    clean_paths: dict[str, Path] = {}
-    for name in rows_in:
-        clean_paths[name] = out_dir / f"{_safe(name)}.jsonl"
-        write_jsonl(clean_paths[name], clean.get(name, []))
-        if not manifest_path(clean_paths[name]).is_file():
-            raise ValidationInvariantError(f"{clean_paths[name]}: manifest missing after write")
+            (written.report_md, written.report_html, written.quarantine_path))
+    clean_paths = _write_clean(out_dir, list(qa.rows_in), clean)
     return ValidationResult(
-        out_dir=out_dir, split_paths={s: clean_paths[s] for s in source_paths.splits},
-        corpus_path=source_paths.corpus,
-        extra_evals={n: clean_paths[extra_eval_split(n)] for n in source_paths.extra_evals},
-        extra_corpora=dict(source_paths.extra_corpora),
-        quarantine_path=quarantine_path, counts=counts, quarantined=quarantined,
-        report_html=report_html, report_md=report_md, audit_path=audit_path,
-        check_counts=check_counts, seconds=time.perf_counter() - started)
+        out_dir=out_dir, split_paths={s: clean_paths[s] for s in sources.splits},
+        corpus_path=sources.corpus,
+        extra_evals={n: clean_paths[extra_eval_split(n)] for n in sources.extra_evals},
+        extra_corpora=dict(sources.extra_corpora),
+        quarantine_path=written.quarantine_path, counts=counts,
+        quarantined=written.quarantined, report_html=written.report_html,
+        report_md=written.report_md, audit_path=written.audit_path,
+        check_counts=written.check_counts, seconds=time.perf_counter() - started)
