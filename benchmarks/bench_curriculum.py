@@ -27,7 +27,8 @@ from searchrl.data.io import read_passages, read_qa
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
 from searchrl.sinks import NullSink
 from searchrl.tracking import end_run, start_child_run, start_parent_run
-from searchrl.train.grpo import cold_start, train_grpo
+from searchrl.train.cold_start import cold_start
+from searchrl.train.grpo import train_grpo
 
 
 def _rollouts_per_step(history: list[dict[str, Any]], config: PipelineConfig) -> list[int]:

@@ -57,7 +57,8 @@ from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.sinks import MetricsSink
 from searchrl.tracking import start_parent_run
-from searchrl.train.grpo import cold_start, greedy_eval, train_grpo
+from searchrl.train.cold_start import cold_start
+from searchrl.train.grpo import greedy_eval, train_grpo
 
 # (label, metrics key); "rollout other", "step other" and "outside steps" are derived.
 PHASES = [("generation", "time_generation_s"), ("retrieval", "time_retrieval_s"),

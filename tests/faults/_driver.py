@@ -106,7 +106,7 @@ def _arm(point: str, marker: Path) -> None:
 
     kind, _, rest = point.partition(":")
     if kind == "update":
-        target, real_update, calls = int(rest), grpo._update, [0]
+        target, real_update, calls = int(rest), grpo.ppo_update, [0]
 
         def update(*args: Any, **kwargs: Any) -> Any:
             out = real_update(*args, **kwargs)
@@ -115,7 +115,7 @@ def _arm(point: str, marker: Path) -> None:
                 _wait_for_kill(marker, point)
             return out
 
-        grpo._update = update
+        grpo.ppo_update = update
         return
     step_s, _, where = rest.partition(":")
     name = f".{ckpt.step_dir(Path('.'), int(step_s)).name}.tmp"

@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 
 import searchrl.train.grpo as grpo
 from searchrl.config import PipelineConfig
-from searchrl.train.checkpoint import BEST_FILE, Best, best_dir
-from searchrl.train.grpo import TrainingError, choose_policy, train_grpo
+from searchrl.train.errors import TrainingError
+from searchrl.train.grpo import train_grpo
+from searchrl.train.selection import BEST_FILE, Best, best_dir, choose_policy
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
 pytestmark = pytest.mark.smoke

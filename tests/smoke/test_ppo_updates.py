@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.train import grpo
+from searchrl.train import update
 from searchrl.train.grpo import TrainResult, train_grpo
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
@@ -66,12 +66,12 @@ def test_old_logprobs_from_the_gradient_pass_equal_a_separate_pass(
     """Taking the first mini-batch's old log-probs from its gradient pass (no optimizer step
     yet) trains exactly as one no-grad pass of the sampling policy over every micro-batch."""
     own, own_rows = _run(tmp_path, init_dir, "own", steps=2, checkpoint_every=0, **ppo)
-    original = grpo._sampling_logprobs
+    original = update._sampling_logprobs
 
     def separate_pass(*args: Any, own_pass: set[Any]) -> Any:
         return original(*args, own_pass=set())
 
-    monkeypatch.setattr(grpo, "_sampling_logprobs", separate_pass)
+    monkeypatch.setattr(update, "_sampling_logprobs", separate_pass)
     sep, sep_rows = _run(tmp_path, init_dir, "separate", steps=2, checkpoint_every=0, **ppo)
     assert all(row["time_old_logprobs_s"] > 0.0 for row in sep_rows)
     assert own.losses == sep.losses

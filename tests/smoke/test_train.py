@@ -19,7 +19,8 @@ from searchrl.generation.hf import HFGenerator
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
 from searchrl.train.checkpoint import CheckpointError
-from searchrl.train.grpo import TrainingError, train_grpo
+from searchrl.train.errors import TrainingError
+from searchrl.train.grpo import train_grpo
 from searchrl.types import QAExample
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
@@ -210,7 +211,8 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
     from searchrl.models.tiny import load_policy
     from searchrl.retrieval.bm25 import BM25Index
     from searchrl.retrieval.index_store import LocalSearcher
-    from searchrl.train.grpo import SFT_KEY_FILE, train_policy_run
+    from searchrl.train.cold_start import SFT_KEY_FILE
+    from searchrl.train.grpo import train_policy_run
 
     cfg = _config(tmp_path, steps=1, checkpoint_every=0, eval_every=1, eval_questions=3)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={
@@ -230,7 +232,7 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
     # The cold start is reused, not rebuilt, by a second call with the same inputs.
     key = result.sft_dir / SFT_KEY_FILE
     before = key.stat().st_mtime_ns
-    from searchrl.train.grpo import cold_start
+    from searchrl.train.cold_start import cold_start
 
     cold_start(cfg, world.splits["train"], world.passages, searcher, result.sft_dir)
     assert key.stat().st_mtime_ns == before
@@ -254,8 +256,8 @@ def test_trainer_logprobs_use_the_sampling_temperature(init_dir: Path) -> None:
     """The sampler draws from softmax(logits / T); the trainer's log-probs must match it."""
     from searchrl.generation.hf import HFGenerator
     from searchrl.models.tiny import load_policy
-    from searchrl.train.grpo import no_grad_logprobs
     from searchrl.train.tensors import pack_records
+    from searchrl.train.update import no_grad_logprobs
 
     model, tok = load_policy(init_dir)
     prompt = list(tok("Who founded it?", add_special_tokens=False)["input_ids"])
