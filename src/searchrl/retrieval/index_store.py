@@ -262,6 +262,86 @@ class IndexBuildResult:
         return out
 
 
+class _Components:
+    """One corpus's index components under `out_dir`, each reused while its key matches
+    (`_component`); the corpus is parsed only if some component must be built."""
+
+    def __init__(self, corpus_path: Path, out_dir: Path, config: IndexConfig,
+                 progress: bool) -> None:
+        self.corpus_path, self.out_dir, self.config = corpus_path, out_dir, config
+        self.progress = progress
+        self.corpus_fp = fingerprint(corpus_path)
+        self.manifests: dict[str, dict[str, Any]] = {}
+        self.reused: dict[str, bool] = {}
+        self.encoder: Encoder | None = None  # loaded for embedding, kept for recall
+        self._raw: list[Passage] | None = None
+
+    def corpus(self) -> list[Passage]:
+        if self._raw is None:
+            self._raw = load_corpus(self.corpus_path)
+        return self._raw
+
+    def build(self, wanted: Sequence[str]) -> None:
+        """passages + scan always; bm25; dense: embeddings, then the faiss index over them."""
+        self._add("passages", _passages_key(self.corpus_fp), self._passages)
+        shutil.copyfile(self.out_dir / "passages" / "scan.json", self.out_dir / "scan.json")
+        if "bm25" in wanted:
+            self._add("bm25", _bm25_key(self.corpus_fp, self.config), self._bm25)
+        if "dense" in wanted:
+            emb_key = _embeddings_key(self.corpus_fp, self.config)
+            self._add("embeddings", emb_key, self._embeddings)
+            self._add("faiss", _faiss_key(emb_key, self.config), self._faiss)
+
+    def _add(self, component: str, key: dict[str, Any],
+             build: Callable[[Path], dict[str, Any]]) -> None:
+        self.manifests[component], self.reused[component] = _component(
+            self.out_dir / component, key, build)
+
+    def _passages(self, tmp: Path) -> dict[str, Any]:
+        raw = self.corpus()
+        report = scan_corpus(raw)
+        safe = [Passage(id=p.id, title=neutralize_tags(p.title) if p.title else p.title,
+                        contents=neutralize_tags(p.contents)) for p in raw]
+        text = "".join(p.model_dump_json() + "\n" for p in safe)
+        atomic_write_text(tmp / "passages.jsonl", text)
+        atomic_write_text(tmp / "scan.json", json.dumps(report.to_dict(), indent=2))
+        return {"passages": len(safe), "corpus_path": str(self.corpus_path)}
+
+    def _bm25(self, tmp: Path) -> dict[str, Any]:
+        config = self.config
+        BM25Index.build([p.contents for p in self.corpus()], k1=config.bm25_k1,
+                        b=config.bm25_b, stopwords=config.bm25_stopwords).save(tmp)
+        return {}
+
+    def _embeddings(self, tmp: Path) -> dict[str, Any]:
+        self.encoder = Encoder(self.config)
+        emb = self.encoder.encode_passages([p.contents for p in self.corpus()],
+                                           progress=self.progress)
+        np.save(tmp / "embeddings.npy", emb)
+        return {"dim": int(emb.shape[1]), "rows": int(emb.shape[0])}
+
+    def _faiss(self, tmp: Path) -> dict[str, Any]:
+        emb = np.load(self.out_dir / "embeddings" / "embeddings.npy")
+        params = faiss_params(self.config, emb.shape[0], emb.shape[1])
+        faiss.write_index(build_faiss(emb, params), str(tmp / "index.faiss"))
+        return {"params": params.to_dict()}
+
+    def index_manifest(self, name: str, wanted: Sequence[str]) -> dict[str, Any]:
+        """The corpus's manifest.json: every component's fingerprint and whether reused."""
+        manifests = self.manifests
+        top = {"format": FORMAT_VERSION, "name": name, "complete": True,
+               "fingerprint": _key_fingerprint({c: m["fingerprint"]
+                                                for c, m in manifests.items()}),
+               "corpus_fingerprint": self.corpus_fp, "corpus_path": str(self.corpus_path),
+               "passages": manifests["passages"]["passages"], "retrievers": list(wanted),
+               "encoder": self.config.encoder if "dense" in wanted else None,
+               "components": {c: {"fingerprint": m["fingerprint"], "reused": self.reused[c]}
+                              for c, m in manifests.items()}}
+        if "faiss" in manifests:
+            top["faiss"] = manifests["faiss"]["params"]
+        return top
+
+
 def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
                 eval_sets: dict[str, Path] | None, sink: MetricsSink, *,
                 name: str = MAIN_CORPUS, progress: bool = True) -> IndexBuildResult:
@@ -276,89 +356,20 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out_dir)
     (out_dir / DIR_MANIFEST).unlink(missing_ok=True)
-    corpus_fp = fingerprint(corpus_path)
     wanted = components_for(config)
-    # Parsed lazily: a fully reused index needs no pass over the corpus.
-    cache: dict[str, list[Passage]] = {}
-
-    def corpus() -> list[Passage]:
-        if "raw" not in cache:
-            cache["raw"] = load_corpus(Path(corpus_path))
-        return cache["raw"]
-
-    # --- passages + scan
-    def build_passages(tmp: Path) -> dict[str, Any]:
-        raw = corpus()
-        report = scan_corpus(raw)
-        safe = [Passage(id=p.id, title=neutralize_tags(p.title) if p.title else p.title,
-                        contents=neutralize_tags(p.contents)) for p in raw]
-        text = "".join(p.model_dump_json() + "\n" for p in safe)
-        atomic_write_text(tmp / "passages.jsonl", text)
-        atomic_write_text(tmp / "scan.json", json.dumps(report.to_dict(), indent=2))
-        return {"passages": len(safe), "corpus_path": str(corpus_path)}
-
-    manifests: dict[str, dict[str, Any]] = {}
-    reused: dict[str, bool] = {}
-    encoder_cache: list[Encoder] = []
-    manifests["passages"], reused["passages"] = _component(
-        out_dir / "passages", _passages_key(corpus_fp), build_passages)
-    shutil.copyfile(out_dir / "passages" / "scan.json", out_dir / "scan.json")
-
-    # --- bm25
-    if "bm25" in wanted:
-        def build_bm25(tmp: Path) -> dict[str, Any]:
-            BM25Index.build([p.contents for p in corpus()], k1=config.bm25_k1, b=config.bm25_b,
-                            stopwords=config.bm25_stopwords).save(tmp)
-            return {}
-
-        manifests["bm25"], reused["bm25"] = _component(
-            out_dir / "bm25", _bm25_key(corpus_fp, config), build_bm25)
-
-    # --- dense: embeddings, then the faiss index over them
-    if "dense" in wanted:
-        emb_key = _embeddings_key(corpus_fp, config)
-
-        def build_embeddings(tmp: Path) -> dict[str, Any]:
-            encoder = Encoder(config)
-            encoder_cache.append(encoder)
-            emb = encoder.encode_passages([p.contents for p in corpus()], progress=progress)
-            np.save(tmp / "embeddings.npy", emb)
-            return {"dim": int(emb.shape[1]), "rows": int(emb.shape[0])}
-
-        manifests["embeddings"], reused["embeddings"] = _component(
-            out_dir / "embeddings", emb_key, build_embeddings)
-
-        def build_faiss_dir(tmp: Path) -> dict[str, Any]:
-            emb = np.load(out_dir / "embeddings" / "embeddings.npy")
-            params = faiss_params(config, emb.shape[0], emb.shape[1])
-            faiss.write_index(build_faiss(emb, params), str(tmp / "index.faiss"))
-            return {"params": params.to_dict()}
-
-        manifests["faiss"], reused["faiss"] = _component(
-            out_dir / "faiss", _faiss_key(emb_key, config), build_faiss_dir)
-
-    # --- corpus manifest, last
-    fp = _key_fingerprint({c: m["fingerprint"] for c, m in manifests.items()})
-    index_bytes = sum(m["bytes"] for m in manifests.values())
-    top = {"format": FORMAT_VERSION, "name": name, "complete": True, "fingerprint": fp,
-           "corpus_fingerprint": corpus_fp, "corpus_path": str(corpus_path),
-           "passages": manifests["passages"]["passages"], "retrievers": list(wanted),
-           "encoder": config.encoder if "dense" in wanted else None,
-           "components": {c: {"fingerprint": m["fingerprint"], "reused": reused[c]}
-                          for c, m in manifests.items()}}
-    if "faiss" in manifests:
-        top["faiss"] = manifests["faiss"]["params"]
+    components = _Components(Path(corpus_path), out_dir, config, progress)
+    components.build(wanted)
+    top = components.index_manifest(name, wanted)
     atomic_write_text(out_dir / DIR_MANIFEST, json.dumps(top, indent=2, sort_keys=True))
-    build_seconds = time.perf_counter() - start
-
-    result = IndexBuildResult(name=name, index_dir=out_dir, fingerprint=fp,
-                              passages=int(top["passages"]), components=reused,
-                              build_seconds=round(build_seconds, 3), index_bytes=index_bytes,
-                              scan=json.loads((out_dir / "scan.json").read_text()))
+    result = IndexBuildResult(
+        name=name, index_dir=out_dir, fingerprint=top["fingerprint"],
+        passages=int(top["passages"]), components=components.reused,
+        build_seconds=round(time.perf_counter() - start, 3),
+        index_bytes=sum(m["bytes"] for m in components.manifests.values()),
+        scan=json.loads((out_dir / "scan.json").read_text()))
     if eval_sets:
         # Reuse the encoder loaded for embedding, if any: loading it again costs seconds.
-        encoder = encoder_cache[0] if encoder_cache else None
-        searcher = load_corpus_searcher(out_dir, config, encoder=encoder)
+        searcher = load_corpus_searcher(out_dir, config, encoder=components.encoder)
         for eval_name, qa_path in eval_sets.items():
             recall = measure_recall(searcher, qa_path, config.eval_top_k)
             if recall:
