@@ -863,6 +863,14 @@ class PipelineConfig(_Section):
         data = json.dumps(self.inputs_of(result), sort_keys=True)
         return hashlib.sha256(data.encode()).hexdigest()
 
+    @model_validator(mode="after")
+    def _tiny_needs_sft(self) -> PipelineConfig:
+        if self.model.kind == "tiny" and not self.train.sft.enabled:
+            raise ValueError("train.sft.enabled=false with model.kind=tiny: a tiny model is "
+                             "built from scratch and RL needs the SFT cold start to start "
+                             "from; set train.sft.enabled=true, or model.kind=pretrained")
+        return self
+
 
 def inputs_of(section: BaseModel, result: str) -> dict[str, Any]:
     """`PipelineConfig.inputs_of` for any section (e.g. `inputs_of(config.index,

@@ -161,7 +161,21 @@ def test_pass_rate_band_must_not_be_empty() -> None:
                                           r"curriculum.max_pass_rate=0.2"):
         load_config("configs/tiny.yaml", ["curriculum.min_pass_rate=0.8",
                                           "curriculum.max_pass_rate=0.2"])
-    # Off switches stay allowed: no checkpoints, no SFT epochs when the cold start is off.
+    # Off switches stay allowed: no checkpoints, no SFT epochs when the cold start is off
+    # (a pretrained model: a tiny one cannot skip it).
     config = load_config("configs/tiny.yaml", ["train.checkpoint_every=0", "train.grad_clip=0",
-                                               "train.sft.enabled=false", "train.sft.epochs=0"])
+                                               "train.sft.enabled=false", "train.sft.epochs=0",
+                                               "model.kind=pretrained",
+                                               "model.name_or_path=Qwen/Qwen2.5-0.5B"])
     assert config.train.checkpoint_every == 0 and not config.train.sft.enabled
+
+
+def test_a_tiny_model_cannot_skip_the_cold_start() -> None:
+    """A from-scratch tiny model has nothing to start RL from without SFT; the cold start
+    always ran it regardless, so `train.sft.enabled: false` was silently ignored."""
+    with pytest.raises(ConfigError, match=r"train.sft.enabled=false.*model.kind=tiny"):
+        load_config("configs/tiny.yaml", ["train.sft.enabled=false"])
+    pretrained = load_config("configs/tiny.yaml", ["train.sft.enabled=false",
+                                                   "model.kind=pretrained",
+                                                   "model.name_or_path=Qwen/Qwen2.5-0.5B"])
+    assert not pretrained.train.sft.enabled
