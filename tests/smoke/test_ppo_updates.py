@@ -36,6 +36,7 @@ def _run(tmp: Path, init_dir: Path, out: str, stop_after: int | None = None,
 
 def test_one_mini_batch_one_epoch_is_one_on_policy_step(tmp_path: Path, init_dir: Path) -> None:
     _, rows = _run(tmp_path, init_dir, "one", steps=2, checkpoint_every=0)
+    assert len(rows) == 2  # the loop below checks every step
     for row in rows:
         # The old log-probs come from the gradient pass itself: no separate pass, ratio
         # exactly 1, the clip never fires.
@@ -50,6 +51,7 @@ def test_mini_batches_step_several_times_and_the_ratio_leaves_one(
         tmp_path: Path, init_dir: Path) -> None:
     _, rows = _run(tmp_path, init_dir, "mini", steps=2, checkpoint_every=0,
                    ppo_mini_batches=2, ppo_epochs=2, clip_eps=0.05)
+    assert len(rows) == 2  # the loop below checks every step
     for row in rows:
         assert row["optimizer_steps"] == 4.0  # 2 mini-batches x 2 epochs
         assert row["time_old_logprobs_s"] > 0.0  # the second mini-batch needs its own pass
@@ -73,6 +75,7 @@ def test_old_logprobs_from_the_gradient_pass_equal_a_separate_pass(
 
     monkeypatch.setattr(update, "_sampling_logprobs", separate_pass)
     sep, sep_rows = _run(tmp_path, init_dir, "separate", steps=2, checkpoint_every=0, **ppo)
+    assert len(sep_rows) == len(own_rows) == 2
     assert all(row["time_old_logprobs_s"] > 0.0 for row in sep_rows)
     assert own.losses == sep.losses
     for key in ("entropy", "logprob_mismatch", "ratio_mean", "clip_fraction"):

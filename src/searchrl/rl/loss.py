@@ -14,9 +14,11 @@ Objective (Shao et al. 2024, eq. 3, with the choices we made):
 the paper's eq. 3 is `seq_mean_token_mean`: mean over tokens within a sequence, then over
 sequences). Both accept an explicit denominator so micro-batches sum to the full-batch mean.
 
-`old_logp` is the policy that sampled the rollouts (the trainer's no-grad pass before its
-first optimizer step on them): the ratio is 1 on the first mini-batch and departs from it
-as later mini-batches and epochs update the policy; the clip then bounds how far.
+`old_logp` is the policy that sampled the rollouts, as the trainer's engine computes it
+before its first optimizer step on them (`train/update.py`: the first mini-batch's from its
+own gradient pass, detached; the others' from a no-grad pass): the ratio is 1 on the first
+mini-batch and departs from it as later mini-batches and epochs update the policy; the clip
+then bounds how far.
 """
 
 from __future__ import annotations

@@ -50,7 +50,6 @@ call it) and `train_grpo` (GRPO from a given start policy).
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -79,7 +78,7 @@ from searchrl.rl.advantages import advantage_stats, group_advantages
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch, rollout_metrics, run_rollouts
 from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train import selection
+from searchrl.train import ds, selection
 from searchrl.train.checkpoint import (
     load_checkpoint,
     prepare_checkpoint_dir,
@@ -87,19 +86,10 @@ from searchrl.train.checkpoint import (
     save_checkpoint,
 )
 from searchrl.train.cold_start import SFT_KEY_FILE, cold_start, cold_start_seconds
-from searchrl.train.ds import (
-    all_reduce,
-    barrier,
-    build_engine,
-    full_parameters,
-    init_distributed,
-    rank,
-    world_size,
-)
 from searchrl.train.errors import TrainingError
 from searchrl.train.seeds import rollout_seed, seed_everything
 from searchrl.train.sft import save_policy
-from searchrl.train.update import ppo_update, sync_weights, timed
+from searchrl.train.update import frozen_copy, ppo_update, sync_weights, timed
 from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)
@@ -194,10 +184,10 @@ def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path
     sft_examples = read_qa(sft_train_path) if sft_train_path else train
     t0 = time.perf_counter()
     # Several ranks: rank 0 builds (or finds) the cold start, the others then reuse its key.
-    init_distributed(resolve_device(config.run.device))
-    if rank() == 0:
+    ds.init_distributed(resolve_device(config.run.device))
+    if ds.rank() == 0:
         cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
-    barrier()
+    ds.barrier()
     sft_dir = cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
     sft_seconds = cold_start_seconds(sft_dir, time.perf_counter() - t0)
     dev = read_qa(dev_path)[: config.train.eval_questions] if dev_path else []
@@ -301,18 +291,13 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
     seed_everything(config.run.seed)
     model, tokenizer = load_policy(init_dir, config.model.dtype)
     model.to(torch.device(device))  # type: ignore[arg-type]
-    ref: PreTrainedModel | None = None
-    if tcfg.kl_coef != 0.0:
-        ref = copy.deepcopy(model)
-        ref.train(False)
-        for p in ref.parameters():
-            p.requires_grad_(False)
+    ref = frozen_copy(model) if tcfg.kl_coef != 0.0 else None
     if tcfg.zero_stage == 3 and rcfg.backend == "hf":
         raise TrainingError("train.zero_stage=3 partitions the weights the hf rollout backend "
                             "generates with (an all-gather per token); use rollout.backend=vllm "
                             "or train.zero_stage<=2")
-    engine = build_engine(model, tcfg, tcfg.questions_per_step * rcfg.group_size, device)
-    n_ranks, me = world_size(), rank()
+    engine = ds.build_engine(model, tcfg, tcfg.questions_per_step * rcfg.group_size, device)
+    n_ranks, me = ds.world_size(), ds.rank()
     if tcfg.questions_per_step % n_ranks or len(train_examples) < n_ranks:
         raise TrainingError(f"train.questions_per_step={tcfg.questions_per_step} and the "
                             f"{len(train_examples)} training questions must split over "
@@ -404,7 +389,7 @@ def step_advantages(state: TrainerState, rollouts: Rollouts
         "groups_used": len(rollouts.records) / group}
     if state.n_ranks > 1:
         keys = sorted(metrics)
-        means = all_reduce([metrics[k] for k in keys])
+        means = ds.all_reduce([metrics[k] for k in keys])
         metrics = {k: v / state.n_ranks for k, v in zip(keys, means, strict=True)}
     rewards = torch.tensor([r.reward for r in rollouts.records], dtype=torch.float32)
     advantages = (group_advantages(rewards, group, std_normalize=tcfg.std_normalize)
@@ -422,8 +407,8 @@ def update(state: TrainerState, step: int, rollouts: Rollouts, advantages: torch
     TrainingError past `train.max_nonfinite_steps`). A rank without groups of its own joins
     with zero-weight micro-batches on its first group."""
     records = rollouts.records
-    anyone_has = all_reduce([float(bool(records))], "max")[0]
-    all_finite = all_reduce([float(bool(torch.isfinite(advantages).all()))], "min")[0]
+    anyone_has = ds.all_reduce([float(bool(records))], "max")[0]
+    all_finite = ds.all_reduce([float(bool(torch.isfinite(advantages).all()))], "min")[0]
     if not anyone_has:
         log.warning("step %d: no group with reward variance; nothing to learn", step)
         return {"skipped": 1.0}
@@ -533,13 +518,13 @@ def finish(state: TrainerState, init_dir: Path) -> TrainResult:
     best_policy: Path | None = None
     early = selection.stopped_early(state.history)
     if steps_done >= tcfg.steps or early:
-        with full_parameters(state.engine):
+        with ds.full_parameters(state.engine):
             if state.lead:
                 save_policy(state.engine.module, state.tokenizer, policy_dir)
         if state.lead:
             curve = plot_curve(state.history, state.out_dir / "curve.png")
             best_policy = selection.publish_final_best(state.out_dir, state.best, tcfg)
-        barrier()
+        ds.barrier()
     last: dict[str, Any] = next(
         (h for h in reversed(state.history) if h["step"] == steps_done), {})
     last_value = last.get(tcfg.select_metric)

@@ -2,6 +2,12 @@
 `ppo_epochs` x `ppo_mini_batches` optimizer steps through the DeepSpeed engine. What is
 computed and why (old log-probs, ratio, clip, KL, aggregation) is listed in `grpo.py`.
 
+Several ranks: each mini-batch's loss is normalised by that mini-batch's token count over all
+ranks, so the averaged gradient is the single-process one. Every rank runs the same number of
+mini-batches and, in each, of micro-batches (a rank short of informative groups runs
+zero-weight ones: ZeRO-2 reduces gradients inside every backward), and the ranks agree on
+stopping at a non-finite loss.
+
     ppo_update
       _plan                 the rank's rows -> mini-batches of micro-batches, loss denominators
       _minibatch_order      each epoch's mini-batch order (seeded shuffle, the same on all ranks)
@@ -11,6 +17,7 @@ computed and why (old log-probs, ratio, clip, KL, aggregation) is listed in `grp
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers import PreTrainedModel
 
 from searchrl.config import TrainConfig
 from searchrl.generation.base import Generator
@@ -104,6 +112,15 @@ def ppo_update(state: TrainerState, step: int, records: Sequence[RolloutRecord],
         return None
     return batch.sampling | steps | batch.times | {
         "update_tokens": float(packed.attention_mask.sum()) * tcfg.ppo_epochs}
+
+
+def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A frozen copy of the start policy: the reference of the KL term."""
+    ref = copy.deepcopy(model)
+    ref.train(False)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
 
 
 def sync_weights(generator: Generator, engine: Any) -> None:
