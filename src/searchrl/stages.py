@@ -34,14 +34,8 @@ from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.stage import run_curriculum
 from searchrl.data.io import DataError, atomic_write_text, fingerprint, read_passages, read_qa
 from searchrl.data.sources import source_fingerprint
-from searchrl.eval.run import (
-    RESULTS_FILE,
-    SETS_DIR,
-    EvalResult,
-    evaluate_stage,
-    load_eval_result,
-    policy_selection,
-)
+from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
+from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
 from searchrl.paths import StagePaths
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher

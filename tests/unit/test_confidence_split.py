@@ -21,17 +21,15 @@ from searchrl.eval.metrics import (
     summarize,
     tercile_cuts,
 )
-from searchrl.eval.run import (
+from searchrl.eval.results import (
     RESULTS_FILE,
-    TRAIN_SUSPECTS_FILE,
     AuditSummary,
     EvalResult,
     SystemResult,
-    audit_train_split,
-    evaluate,
     load_eval_result,
     read_question_results,
 )
+from searchrl.eval.run import TRAIN_SUSPECTS_FILE, audit_train_split, evaluate
 from searchrl.gate.payback import StageCost
 from searchrl.gate.render import render_html, render_markdown
 from searchrl.gate.report import build_gate

@@ -22,7 +22,8 @@ from transformers import PreTrainedTokenizerBase
 
 from searchrl.config import PipelineConfig
 from searchrl.eval.baselines import FRONTIER, TRAINED, plan_systems
-from searchrl.eval.run import EvalResult, evaluate, read_question_results
+from searchrl.eval.results import EvalResult, read_question_results
+from searchrl.eval.run import evaluate
 from searchrl.gate.payback import StageCost
 from searchrl.gate.render import render_markdown
 from searchrl.gate.report import build_gate

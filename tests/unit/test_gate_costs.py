@@ -13,7 +13,7 @@ import pytest
 from searchrl.config import PipelineConfig
 from searchrl.data.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
-from searchrl.eval.run import RESULTS_FILE
+from searchrl.eval.results import RESULTS_FILE
 from searchrl.gate.payback import (
     Projection,
     StageCost,

@@ -19,7 +19,7 @@ from searchrl.eval.metrics import (
     paired_bootstrap_delta,
     summarize,
 )
-from searchrl.eval.run import RESULTS_FILE, EvalResult, SystemResult
+from searchrl.eval.results import RESULTS_FILE, EvalResult, SystemResult
 from searchrl.gate.payback import StageCost
 from searchrl.gate.report import (
     build_gate,

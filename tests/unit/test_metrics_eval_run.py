@@ -13,7 +13,8 @@ import pytest
 from searchrl.config import PipelineConfig
 from searchrl.data.io import read_manifest, write_jsonl
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems
-from searchrl.eval.run import RESULTS_FILE, evaluate, load_eval_result, read_question_results
+from searchrl.eval.results import RESULTS_FILE, load_eval_result, read_question_results
+from searchrl.eval.run import evaluate
 from searchrl.retrieval.index_store import build_indexes
 from searchrl.sinks import NullSink
 from searchrl.stages import StageInputError, evaluate_policy

@@ -19,8 +19,9 @@ from searchrl.data.io import atomic_write_text, read_manifest
 from searchrl.eval.audit import GOLD_LIKELY_WRONG
 from searchrl.eval.baselines import FRONTIER, TRAINED
 from searchrl.eval.metrics import Interval, Summary
-from searchrl.eval.run import EvalResult
+from searchrl.eval.results import EvalResult
 from searchrl.gate.payback import (
+    Check,
     CostInputs,
     GateInputs,
     GateResult,
