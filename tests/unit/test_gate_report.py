@@ -3,6 +3,7 @@ fail-closed on unmeasured training time, report files, and the stage task withou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -146,3 +147,74 @@ def test_stage_task_writes_report_without_tracking(tmp_path: Path) -> None:
     assert math.isclose(decision.figures["em_trained"], 0.6)
     saved = json.loads((tmp_path / "work" / "decide_go_no_go" / "decision.json").read_text())
     assert saved["label"] == "NO-GO" and saved["comparison_baseline"] == "retrieve_once"
+
+
+# --- skipped steps: stated in the report; a run whose steps were all skipped is a NO-GO
+
+
+def _metrics(path: Path, rows: list[dict[str, float]]) -> Path:
+    path.write_text("".join(json.dumps({"step": i + 1, **r}) + "\n" for i, r in enumerate(rows)))
+    return path
+
+
+NO_VARIANCE = {"skipped": 1.0, "groups_used": 0.0, "reward_mean": 0.0}
+NON_FINITE = {"skipped": 1.0, "groups_used": 2.0, "reward_mean": 0.5}
+UPDATED = {"loss": 0.1, "groups_used": 2.0, "reward_mean": 0.5}
+
+
+def test_training_steps_counts_skips_by_cause_and_updates_up_to_the_selected_step(
+        tmp_path: Path) -> None:
+    from searchrl.gate.report import training_steps
+
+    path = _metrics(tmp_path / "metrics.jsonl", [NO_VARIANCE, NON_FINITE, UPDATED, NO_VARIANCE])
+    steps = training_steps(path, selected_step=None)
+    assert steps is not None
+    assert (steps.steps, steps.skipped_no_variance, steps.skipped_nonfinite) == (4, 2, 1)
+    assert steps.updates_to_selected == 1 and not steps.changed_nothing
+    assert training_steps(path, selected_step=2).changed_nothing  # type: ignore[union-attr]
+    assert training_steps(None, selected_step=None) is None  # not given: no condition
+    missing = training_steps(tmp_path / "missing.jsonl", selected_step=None)
+    assert missing is not None and missing.steps == 0  # given but empty: fails closed
+    assert not missing.check().passed and "no training step is recorded" in missing.check().detail
+
+
+def test_a_run_whose_steps_were_all_skipped_is_no_go_training_changed_nothing(
+        tmp_path: Path) -> None:
+    from searchrl.gate.report import write_gate_report
+
+    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})  # GO on every other condition
+    metrics = _metrics(tmp_path / "metrics.jsonl", [NO_VARIANCE, NO_VARIANCE, NON_FINITE])
+    outcome = write_gate_report(_config(), ev, tmp_path / "gate", gold_pairs=500,
+                                stages=_train(3600.0), metrics_path=metrics)
+    assert not outcome.result.go
+    assert [c.name for c in outcome.result.failed] == ["training"]
+    assert outcome.result.reasons[0].startswith("training: training changed nothing: all 3 "
+                                                "steps were skipped")
+    md = outcome.md_path.read_text()
+    head = md.split("## ")[0]  # the decision box, before the sections
+    assert "Decision: **NO-GO**" in head and "Training changed nothing" in head
+    assert "2 without reward variance, 1 with non-finite values" in head
+    assert 'id="training"' in outcome.html_path.read_text()
+    saved = json.loads(outcome.decision_path.read_text())
+    assert saved["figures"]["skipped_steps"] == 3.0 and saved["figures"]["training_steps"] == 3.0
+
+
+def test_skipped_steps_are_stated_and_a_run_that_learned_passes(tmp_path: Path) -> None:
+    from searchrl.gate.report import write_gate_report
+
+    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
+    metrics = _metrics(tmp_path / "metrics.jsonl", [NO_VARIANCE, UPDATED, UPDATED])
+    outcome = write_gate_report(_config(), ev, tmp_path / "gate", gold_pairs=500,
+                                stages=_train(3600.0), metrics_path=metrics)
+    assert outcome.result.go, outcome.result.reasons
+    training = next(c for c in outcome.result.checks if c.name == "training")
+    assert training.passed and "2 of 3 steps updated the policy" in training.detail
+    assert "1 skipped (1 without reward variance, 0 with non-finite values)" in training.detail
+    # The evaluated policy is the best dev checkpoint of step 1: nothing before it updated.
+    best = dataclasses.replace(ev, policy_selection={
+        "selection": "best", "metric": "dev_em", "selected_step": 1, "selected_value": 0.4,
+        "last_step": 3, "last_value": 0.3})
+    outcome = write_gate_report(_config(), best, tmp_path / "gate2", gold_pairs=500,
+                                stages=_train(3600.0), metrics_path=metrics)
+    assert not outcome.result.go
+    assert "the evaluated policy (step 1) is the cold-start policy" in outcome.result.reasons[0]

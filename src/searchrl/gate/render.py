@@ -70,6 +70,9 @@ class ReportInputs:
     # stand-in named as such) and which checkpoint of the run was evaluated (best or last).
     comparator: str = ""
     policy_selection: str = ""
+    # The decision box too: steps that updated the policy and those skipped, or that
+    # training changed nothing (gate.report.TrainingSteps.sentence); "" when not known.
+    training: str = ""
     frontier_tokens_source: str = "assumed"
     # Eval split by the first search's top-1 retriever score (metrics.by_confidence) with the
     # tercile cut points; the label-noise audit of sampled train questions (0: not run).
@@ -432,8 +435,9 @@ def _headline(r: ReportInputs) -> list[str]:
 def render_markdown(r: ReportInputs) -> str:
     lines = [f"# {r.title}", ""]
     head = _headline(r)
-    lines += [head[0], ""] + [f"**{x}**" for x in (r.comparator, r.policy_selection) if x]
-    lines += [""] * bool(r.comparator or r.policy_selection)
+    boxed = (r.comparator, r.policy_selection, r.training)
+    lines += [head[0], ""] + [f"**{x}**" for x in boxed if x]
+    lines += [""] * any(boxed)
     lines += [head[1], ""] + ([head[2], ""] if head[2] else [])
     lines += [f"- {'PASS' if c.passed else 'FAIL'} {c.name}: {c.detail}" for c in r.gate.checks]
     lines += ["", f"Gold pairs available: {r.gold_pairs}; eval set: {r.eval_set}.", ""]
@@ -482,6 +486,7 @@ def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
         + (f'<p id="comparator"><b>{esc(r.comparator)}</b></p>' if r.comparator else "")
         + (f'<p id="policy-selection"><b>{esc(r.policy_selection)}</b></p>'
            if r.policy_selection else "")
+        + (f'<p id="training"><b>{esc(r.training)}</b></p>' if r.training else "")
         + f"<p>{esc(_headline(r)[1])}</p>"
         + (f'<p id="cost-basis">{esc(r.cost_basis)}</p>' if r.cost_basis else "")
         + f"<ul id=\"checks\">{checks}</ul>"

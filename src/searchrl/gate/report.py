@@ -220,6 +220,86 @@ def training_volume(path: str | Path | None) -> TrainingVolume:
     return TrainingVolume(steps, tokens)
 
 
+@dataclass(frozen=True)
+class TrainingSteps:
+    """What the trainer's steps did, from its metrics.jsonl. A step is skipped (its row has
+    `skipped` 1) when no group had reward variance (`groups_used` 0) or a value was not
+    finite; every other step updated the policy. `updates_to_selected` counts the updates up
+    to the evaluated policy's step (the best dev checkpoint's, else the last)."""
+
+    source: str
+    steps: int
+    skipped_no_variance: int
+    skipped_nonfinite: int
+    updates_to_selected: int
+    selected_step: int | None = None
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_no_variance + self.skipped_nonfinite
+
+    @property
+    def changed_nothing(self) -> bool:
+        return self.updates_to_selected == 0
+
+    def _causes(self) -> str:
+        return (f"{self.skipped_no_variance} without reward variance, "
+                f"{self.skipped_nonfinite} with non-finite values")
+
+    def check(self) -> Check:
+        """The gate's `training` condition: the evaluated policy must differ from the
+        cold-start policy it was trained from."""
+        if self.steps == 0:
+            return Check("training", False, f"no training step is recorded in {self.source}: "
+                                            "whether training changed the policy is unknown")
+        if self.changed_nothing and self.skipped == self.steps:
+            return Check("training", False, f"training changed nothing: all {self.steps} steps "
+                                            f"were skipped ({self._causes()}); the evaluated "
+                                            "policy is the cold-start policy")
+        if self.changed_nothing:
+            return Check("training", False, f"training changed nothing: the evaluated policy "
+                                            f"(step {self.selected_step}) is the cold-start "
+                                            "policy, every step up to it was skipped")
+        return Check("training", True, f"{self.steps - self.skipped} of {self.steps} steps "
+                                       f"updated the policy; {self.skipped} skipped "
+                                       f"({self._causes()})")
+
+    def sentence(self) -> str:
+        """For the decision box."""
+        detail = self.check().detail
+        if detail.startswith("training changed nothing: "):
+            return "Training changed nothing: " + detail.removeprefix("training changed nothing: ")
+        return f"Training: {detail}."
+
+    def figures(self) -> dict[str, float]:
+        return {"training_steps": float(self.steps), "skipped_steps": float(self.skipped),
+                "skipped_no_variance": float(self.skipped_no_variance),
+                "skipped_nonfinite": float(self.skipped_nonfinite),
+                "training_updates_evaluated": float(self.updates_to_selected)}
+
+
+def training_steps(path: str | Path | None, selected_step: int | None) -> TrainingSteps | None:
+    """The steps of the trainer's metrics JSONL (None without a path; 0 steps when it has
+    no step rows). `selected_step`: the evaluated policy's step (None: the last)."""
+    if path is None or str(path) == "":
+        return None
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in _metric_rows(path):
+        step = row.get("step")
+        if isinstance(step, int | float) and math.isfinite(step):
+            by_step[int(step)] = row  # a resumed run rewrites its history: the last row wins
+    skipped = {s: row for s, row in by_step.items() if row.get("skipped") == 1}
+    nonfinite = sum(1 for row in skipped.values() if _positive(row.get("groups_used")))
+    upto = selected_step if selected_step is not None else max(by_step, default=0)
+    updates = sum(1 for s in by_step if s <= upto and s not in skipped)
+    return TrainingSteps(str(path), len(by_step), len(skipped) - nonfinite, nonfinite, updates,
+                         selected_step)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and value > 0
+
+
 def stage_costs(curriculum: CurriculumRef | None, checkpoint: CheckpointRef,
                 evaluation: EvalRef | None) -> tuple[list[StageCost], list[str]]:
     """Each counted stage's wall time and devices as its reference recorded them, and notes.
@@ -268,8 +348,10 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                training_curve: Mapping[str, list[tuple[int, float]]],
                volume: TrainingVolume = TrainingVolume(None, None),
                cost_notes: Sequence[str] = (),
+               training: TrainingSteps | None = None,
                ) -> tuple[GateResult, ReportInputs]:
-    """Assemble the gate inputs (config first, measurements where config leaves None)."""
+    """Assemble the gate inputs (config first, measurements where config leaves None).
+    With `training`, a run whose evaluated policy no step updated is a NO-GO (`training`)."""
     g = config.gate
     notes: list[str] = list(evaluation.notes)
     comparator = comparator_of(config, evaluation)
@@ -299,6 +381,10 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                                comparator=comparator.kind,
                                allow_stand_in=g.allow_stand_in_comparator,
                                comparator_problem=comparator.problem), thresholds)
+    if training is not None:
+        check = training.check()
+        result = GateResult(go=result.go and check.passed, checks=(*result.checks, check),
+                            payback=result.payback)
     selection = evaluation.policy_selection
     if selection.get("selection") == "best" and config.eval.split == "dev":
         notes.append("The evaluated policy was selected on the dev split it is evaluated on: "
@@ -322,6 +408,7 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
         eval_columns=_eval_columns(evaluation, order, main), main_split=main,
         stage_costs=tuple(stages), projection=projection, device_unit=unit, cost_basis=basis,
         comparator=comparator.sentence, policy_selection=selection_sentence(selection),
+        training=training.sentence() if training is not None else "",
         frontier_tokens_source=comparator.tokens_source,
         by_confidence={n: evaluation.systems[n].by_confidence for n in order
                        if evaluation.systems[n].spec.mode == "agentic"
@@ -422,13 +509,15 @@ def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: P
     decision_path = out_dir / "decision.json"
     decision_path.unlink(missing_ok=True)
     curve = load_training_curve(metrics_path, config.gate.training_curve_metrics)
+    selected = evaluation.policy_selection.get("selected_step")
+    training = training_steps(metrics_path, selected if isinstance(selected, int) else None)
     result, report = build_gate(config, evaluation, gold_pairs=gold_pairs, stages=stages,
                                 training_curve=curve, volume=training_volume(metrics_path),
-                                cost_notes=cost_notes)
+                                cost_notes=cost_notes, training=training)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     atomic_write_text(html_path, render_html(report))
     atomic_write_text(md_path, render_markdown(report))
-    figures = decision_figures(result, report)
+    figures = decision_figures(result, report) | (training.figures() if training else {})
     comparator = comparator_of(config, evaluation)
     atomic_write_text(decision_path, json.dumps(
         {**result.to_dict(), "reasons": list(result.reasons),
