@@ -13,6 +13,9 @@ stopping at a non-finite loss.
       _minibatch_order      each epoch's mini-batch order (seeded shuffle, the same on all ranks)
       _sampling_logprobs    no-grad old and reference log-probs, the sampling policy's metrics
       _ppo_steps            per mini-batch: a gradient pass per micro-batch, one optimizer step
+
+Also used by the loop: `sync_weights` (the new weights into a generator that keeps its own
+copy), `frozen_copy` (the KL reference), `timed` (the step's time breakdown).
 """
 
 from __future__ import annotations
@@ -173,10 +176,11 @@ def _minibatch_order(seed: int, step: int, epoch: int, plan: _Plan) -> list[int]
 
 
 def _logits(model: Any, mb: PackedBatch, temperature: float) -> torch.Tensor:
-    """Logits of softmax(logits / temperature), the distribution the rollout sampled from
-    (`generation.base.sample_next`): ratios, KL and entropy all use it."""
-    return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                 use_cache=False).logits.float() / temperature
+    """Logits / temperature `[N, L, V]` (float32): softmax of them is the distribution the
+    rollout sampled from (`generation.base.sample_next`); ratios, KL and entropy all use it."""
+    logits: torch.Tensor = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                 use_cache=False).logits
+    return logits.float() / temperature
 
 
 def no_grad_logprobs(model: Any, batch: PackedBatch, temperature: float) -> torch.Tensor:
