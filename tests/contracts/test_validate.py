@@ -106,9 +106,15 @@ def test_clean_plus_quarantined_equals_input(defects: ValidationResult) -> None:
 
 
 def test_quarantine_file_has_reason_per_row(defects: ValidationResult) -> None:
-    for line in defects.quarantine_path.read_text().splitlines():
-        q = json.loads(line)
+    records = [json.loads(line) for line in defects.quarantine_path.read_text().splitlines()]
+    assert len(records) == defects.counts["quarantined"] > 0
+    for q in records:
         assert q["reason"] and q["record"]["id"] == q["id"] and q["row"] >= 1
+        planted, _ = PLANTED[(q["split"], q["id"])]
+        assert planted <= {r["check"] for r in q["reasons"]}, (q["id"], q["reasons"])
+        # `reason` names the checks that quarantine the row.
+        assert all(f"{r['check']}: " in q["reason"] for r in q["reasons"] if r["quarantines"])
+        assert any(r["quarantines"] for r in q["reasons"])
 
 
 def test_report_lists_every_flagged_row_with_evidence(defects: ValidationResult) -> None:

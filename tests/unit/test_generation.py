@@ -226,7 +226,7 @@ def test_vllm_backend_without_vllm_fails_with_the_fix(tok, random_model) -> None
     except ImportError:
         pass
     else:
-        pytest.skip("vllm installed: covered by tests/gpu")
+        pytest.skip("vllm installed: covered by tests/unit/test_generation_vllm.py")
     from searchrl.generation.factory import make_generator
     from searchrl.generation.vllm import VLLMGenerator
 

@@ -14,6 +14,8 @@ SMALL = SyntheticWorldConfig(seed=3, n_people=80, n_cities=20, n_countries=6,
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
     a = write_world(generate_world(SMALL), tmp_path / "a")
     b = write_world(generate_world(SMALL), tmp_path / "b")
+    assert set(a) == set(b) == {"corpus", "train", "dev", "test"}
+    assert all(a[name].stat().st_size > 0 for name in a)
     for name in a:
         assert a[name].read_bytes() == b[name].read_bytes(), name
 
@@ -55,8 +57,12 @@ def test_hop_mix_and_supporting_passages_hold_the_answer() -> None:
 
 def test_answers_exist_only_in_the_corpus_not_in_questions() -> None:
     world = generate_world(SMALL)
-    for q in world.splits["test"]:
-        assert q.golden_answers[0] not in q.question
+    contents = [p.contents for p in world.passages]
+    questions = [q for rows in world.splits.values() for q in rows]
+    assert len(questions) == SMALL.n_train + SMALL.n_dev + SMALL.n_test
+    for q in questions:
+        assert q.golden_answers[0] not in q.question, q.id
+        assert any(q.golden_answers[0] in text for text in contents), q.id
 
 
 def test_distractors_are_near_namesakes() -> None:

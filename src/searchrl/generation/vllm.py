@@ -1,7 +1,8 @@
 """vLLM backend for the `Generator` protocol (GPU; optional extra `pip install 'searchrl[gpu]'`).
 
-UNTESTED in the CPU development sessions (no GPU, vllm not installed); `tests/gpu` is where a
-check belongs. vllm is imported lazily so the library imports without it.
+UNTESTED in the CPU development sessions (no GPU, vllm not installed): its check,
+`tests/unit/test_generation_vllm.py` (marked `gpu`), skips without CUDA and vllm. vllm is
+imported lazily so the library imports without it.
 
 Contexts go in as token ids (`TokensPrompt`), never as text, so the no-re-tokenisation
 contract holds; prefix caching plays the role of the HF backend's kept KV cache. `keys` are
