@@ -62,7 +62,7 @@ SMOKE=(
   "data.synthetic.n_people=80" "data.synthetic.n_organisations=20"
   "data.synthetic.n_train=120" "data.synthetic.n_dev=20" "data.synthetic.n_test=40"
   "train.sft.extra_worlds=1" "train.sft.extra_world_demos=300" "train.sft.epochs=1"
-  "curriculum.max_questions=32" "curriculum.group_size=4"
+  "curriculum.max_questions=32" "curriculum.samples_per_question=4"
   "train.launch.mode=deepspeed" "train.launch.ranks=1" "train.zero_stage=2"
   "train.deepspeed_config=configs/deepspeed/zero2.json" "train.questions_per_step=4"
   "train.checkpoint_every=2" "train.eval_every=0" "rollout.backend=hf"

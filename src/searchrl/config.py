@@ -519,7 +519,9 @@ class CurriculumConfig(_Section):
     # The difficulty estimate; training sees its result through the curriculum's reference.
     SHAPES = shapes("filter_curriculum")
     enabled: bool = True
-    group_size: int = 8
+    # Samples of the cold-start policy per question for its pass rate (not rollout.group_size,
+    # the GRPO group the trainer samples per question).
+    samples_per_question: int = 8
     min_pass_rate: float = 0.0
     max_pass_rate: float = 1.0
     order: Literal["easy_to_hard", "hard_to_easy", "mixed"] = "easy_to_hard"
@@ -534,7 +536,7 @@ class CurriculumConfig(_Section):
     @model_validator(mode="after")
     def _sensible(self) -> CurriculumConfig:
         if self.enabled:
-            check_bounds("curriculum", self, {"group_size": (
+            check_bounds("curriculum", self, {"samples_per_question": (
                 ">=", 2, ": one sample per question has pass rate 0 or 1, so every question "
                          "would be dropped for lack of reward variance")})
         rate: Bound = (">=", 0.0, " (a pass rate is in 0..1)")

@@ -19,7 +19,7 @@ FAST = [
     "data.synthetic.n_train=60", "data.synthetic.n_dev=10", "data.synthetic.n_test=20",
     "train.sft.n_demos=24", "train.sft.epochs=1", "train.sft.extra_world_demos=0",
     "curriculum.max_questions=4",
-    "curriculum.group_size=2", "train.steps=1", "train.questions_per_step=2",
+    "curriculum.samples_per_question=2", "train.steps=1", "train.questions_per_step=2",
     "rollout.group_size=2", "rollout.max_new_tokens_per_turn=16", "train.checkpoint_every=0",
     "eval.max_questions=6", "eval.max_questions_per_set=6", "eval.bootstrap_samples=100",
     "eval.baselines=[no_search]",

@@ -142,7 +142,7 @@ def test_plain_data_set_names_load(tmp_path: Path) -> None:
     ("train.sft.batch_size=0", "train.sft.batch_size=0"),
     ("train.sft.grad_clip=0", "train.sft.grad_clip=0"),
     ("train.sft.max_len=0", "train.sft.max_len=0"),
-    ("curriculum.group_size=1", "curriculum.group_size=1"),
+    ("curriculum.samples_per_question=1", "curriculum.samples_per_question=1"),
     ("curriculum.min_pass_rate=-0.1", "curriculum.min_pass_rate=-0.1"),
     ("curriculum.max_pass_rate=1.5", "curriculum.max_pass_rate=1.5"),
     ("curriculum.reestimate_every=-1", "curriculum.reestimate_every=-1"),

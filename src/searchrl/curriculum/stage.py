@@ -45,13 +45,13 @@ class CurriculumResult:
 
 
 def rollout_pass_rates(examples: Sequence[QAExample], generator: Generator,
-                       searcher: Searcher, config: PipelineConfig, group_size: int,
+                       searcher: Searcher, config: PipelineConfig, samples_per_question: int,
                        chunk: int = 16) -> list[RolloutRecord]:
-    """G sampled rollouts per question, in chunks with a progress bar."""
+    """`samples_per_question` sampled rollouts per question, in chunks with a progress bar."""
     records: list[RolloutRecord] = []
     for start in tqdm(range(0, len(examples), chunk), desc="curriculum rollouts", unit="chunk"):
         batch = run_rollouts(examples[start:start + chunk], generator, searcher,
-                             config.rollout, config.reward, group_size=group_size,
+                             config.rollout, config.reward, group_size=samples_per_question,
                              seed=config.run.seed + start)
         records.extend(batch.records)
     return records
@@ -123,7 +123,7 @@ def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
     cap = len(all_examples) if cfg.max_questions is None else cfg.max_questions
     examples, unestimated = all_examples[:cap], all_examples[cap:]
     generator = make_generator(config, policy_dir=policy_dir)
-    records = rollout_pass_rates(examples, generator, searcher, config, cfg.group_size)
+    records = rollout_pass_rates(examples, generator, searcher, config, cfg.samples_per_question)
     difficulties = estimate_difficulty(examples, records)
     if cfg.enabled:
         result = filter_by_difficulty(difficulties, min_pass_rate=cfg.min_pass_rate,
