@@ -214,7 +214,7 @@ class ValidateConfig(_Section):
     max_passage_chars: int = Field(20000, ge=1)
     max_hops: int = Field(4, ge=1)
     allowed_types: tuple[str, ...] = (
-        # HotpotQA, 2WikiMultihopQA, MuSiQue (Nhop), single-hop sets (see data/prepare.py)
+        # HotpotQA, 2WikiMultihopQA, MuSiQue (Nhop), single-hop sets (see data/prepare/layouts.py)
         "bridge", "comparison", "compositional", "inference", "bridge_comparison", "single",
         "1hop", "2hop", "3hop", "4hop",
         # the synthetic world's question templates (searchrl.data.synthetic.SYNTHETIC_TYPES)
