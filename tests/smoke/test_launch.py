@@ -6,12 +6,16 @@ ranks on CPU, started by the stage exactly as `deepspeed --num_gpus 2` starts GP
   processes. Rank 0 logs into the stage's MLflow child run.
 - kill -9 of one rank mid-run fails the stage with every rank's last lines in the error, and
   the re-run resumes from the newest checkpoint.
+- Killing the stage process itself (SIGKILL, then SIGTERM on the re-run) leaves no launcher
+  process or rank running; while ranks train, a second stage on the same work_dir is refused
+  (the checkpoint dir's lock names rank 0's pid); the last re-run resumes and finishes.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -117,3 +121,66 @@ def test_kill_9_of_a_rank_fails_the_stage_and_the_rerun_resumes(
     assert (copy / "train_policy" / "ref.json").is_file()
     steps = [int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")]
     assert max(steps) == 8
+
+
+def _copy_upstream(work: Path, copy: Path) -> None:
+    for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
+        shutil.copytree(work / stage, copy / stage)
+    shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _start_until(args: list[str], checkpoint: Path) -> tuple[subprocess.Popen[str],
+                                                                list[psutil.Process]]:
+    """The stage, once it wrote `checkpoint`, and every process under it."""
+    stage = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 600
+    while not checkpoint.is_dir():
+        assert stage.poll() is None, stage.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no {checkpoint.name} within 10 minutes"
+        time.sleep(0.5)
+    tree = psutil.Process(stage.pid).children(recursive=True)
+    assert sum(any(a.startswith("--local_rank=") for a in p.cmdline()) for p in tree) == 2
+    return stage, tree
+
+
+def test_killing_the_stage_stops_every_rank_and_the_rerun_resumes(
+        launched: tuple[dict[str, Any], list[str]], tmp_path: Path) -> None:
+    result, overrides = launched
+    copy = tmp_path / "work"
+    _copy_upstream(Path(result["dataset"].corpus_path).parents[2], copy)
+    args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}",
+            "train.steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
+    ckpts = copy / "train_policy" / "checkpoints"
+    for sig, checkpoint in ((signal.SIGKILL, "step_000002"), (signal.SIGTERM, "step_000004")):
+        stage, tree = _start_until(args, ckpts / checkpoint)
+        if sig == signal.SIGTERM:  # meanwhile a second stage on the same dir is refused
+            rank0 = next(p for p in tree if "--local_rank=0" in p.cmdline())
+            second = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=300)
+            assert second.returncode != 0
+            assert f"pid {rank0.pid} on" in second.stderr, second.stderr[-3000:]
+        stage.send_signal(sig)
+        assert stage.wait(timeout=60) == -sig
+        deadline = time.monotonic() + 20
+        while (left := _running(tree)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"outlived the stage ({sig.name}): {[p.cmdline() for p in left]}"
+
+    rerun = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed from" in rerun.stdout and "step_000004" in rerun.stdout
+    assert max(int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")) == 6
+    logs = sorted((copy / "train_policy" / "launch" / "logs").glob("*/*_rank0.log"))
+    assert len(logs) == 3 and "resumed from" in logs[1].read_text()  # the SIGTERM-ed run too
+
