@@ -20,8 +20,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	-$(BIN)/pip install -q uv
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
-	    --find-links $(TORCH_WHEELS) 'torch==2.13.0+cpu' -e '.[dev]' \
-	  || { $(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -e '.[dev]'; }
+	    --find-links $(TORCH_WHEELS) 'torch==2.13.0+cpu' -e '.[cpu,dev]' \
+	  || { $(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -e '.[cpu,dev]'; }
 	touch $@
 
 install: $(BIN)/.installed
