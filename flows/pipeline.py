@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script o
     sys.path.insert(0, str(ROOT))
 
 from searchrl.config import load_config  # noqa: E402
+from searchrl.exit_codes import exit_code_table, report_error  # noqa: E402
 from searchrl.retrieval.service import retrieval_service  # noqa: E402
 from searchrl.tracking import (  # noqa: E402
     check_tracking_store,
@@ -71,16 +72,25 @@ def pipeline(config_path: str = "configs/tiny.yaml",
             "evaluation": evaluation, "decision": decision}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Run the searchrl pipeline")
+def main(argv: list[str] | None = None) -> int:
+    """Run the flow; 0 when it finished (GO or NO-GO: the decision is its result, not a
+    failure), else the failed stage's error code (`searchrl.exit_codes`), message alone."""
+    parser = argparse.ArgumentParser(description="Run the searchrl pipeline",
+                                     epilog=exit_code_table(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_args(argv)
-    result = pipeline(config_path=args.config, overrides=args.overrides)
+    try:
+        load_config(args.config, args.overrides)  # a bad config fails before Prefect starts
+        result = pipeline(config_path=args.config, overrides=args.overrides)
+    except Exception as exc:  # Prefect has logged the failed run; the message is the fix
+        return report_error(exc)
     decision = result["decision"]
     print(f"pipeline finished: {decision.label}; report {decision.report_html}\n"
           f"MLflow parent run {result['parent_run_id']} in {result['tracking_uri']}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -20,6 +20,10 @@ under `run.work_dir`.
 
 `--mlflow-run-id ID` logs the stage into that existing MLflow run (store from
 `tracking.tracking_uri` / `$MLFLOW_TRACKING_URI`); without it nothing is tracked.
+
+An expected error (config, missing input, data, contract, quarantine threshold, service,
+artifact, training) prints its message alone and exits with its own code
+(`searchrl.exit_codes`, listed by `--help`); a traceback means a bug (exit 70).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from searchrl.config import ConfigError, PipelineConfig, load_config
+from searchrl.config import PipelineConfig, load_config
+from searchrl.exit_codes import exit_code_table, report_error
 from searchrl.sinks import MetricsSink, NullSink
 
 # CLI name -> stage name (searchrl.stages.STAGES)
@@ -82,17 +87,12 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
     if command == "prepare-data":
-        from searchrl.data.io import DataError
         from searchrl.data.prepare import load_spec, prepare_data
 
         if args.spec is None or args.out is None:
             print("prepare-data needs --spec SPEC.yaml and --out DIR", file=sys.stderr)
             return 2
-        try:
-            prepared = prepare_data(load_spec(args.spec), args.out)
-        except DataError as exc:
-            print(exc, file=sys.stderr)
-            return 2
+        prepared = prepare_data(load_spec(args.spec), args.out)
         print(json.dumps({"data_yaml": str(args.out / "data.yaml"),
                           "counts": prepared.counts}, indent=2, default=str))
         return 0
@@ -108,20 +108,10 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
                               args.out or StagePaths(config.run.work_dir).source_dir)
         print(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
         return 0
-    from searchrl.data.io import DataError
-    from searchrl.stages import STAGES, StageInputError
+    from searchrl.stages import STAGES
 
-    try:
-        inputs = _inputs(command, config)
-    except StageInputError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    try:
-        ref = STAGES[STAGE_COMMANDS[command]].run(config, *inputs,
-                                                  _sink(config, args.mlflow_run_id))
-    except DataError as exc:  # an unreadable input file: its one-line message is the fix
-        print(exc, file=sys.stderr)
-        return 2
+    inputs = _inputs(command, config)  # StageInputError: exit 3, naming what to run first
+    ref = STAGES[STAGE_COMMANDS[command]].run(config, *inputs, _sink(config, args.mlflow_run_id))
     print(json.dumps(dataclasses.asdict(ref), indent=2))
     if command == "gate":
         return 0 if ref.go else 1
@@ -132,35 +122,22 @@ def _train_rank(config: PipelineConfig, args: argparse.Namespace) -> int:
     """One rank of the train stage, as DeepSpeed's launcher starts it (`$RANK` etc. set):
     the stage's inputs from the upstream `ref.json`, then `stages.run_training`; rank 0
     logs into `--mlflow-run-id` and writes the stage's reference."""
-    from searchrl.data.io import DataError
-    from searchrl.stages import StageInputError, run_training
-    from searchrl.train.launch import (
-        LaunchError,
-        env_rank,
-        guard_rank_process,
-        load_launch_secrets,
-    )
+    from searchrl.stages import run_training
+    from searchrl.train.launch import env_rank, guard_rank_process, load_launch_secrets
 
     guard_rank_process()  # never outlive the stage that launched us
-    try:
-        load_launch_secrets()  # several nodes: the retriever token etc.
-        dataset, index, curriculum = _inputs("train", config)
-    except (LaunchError, StageInputError) as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    # Errors (LaunchError, StageInputError, DataError, ...) exit with their codes in main().
+    load_launch_secrets()  # several nodes: the retriever token etc.
+    dataset, index, curriculum = _inputs("train", config)
     run_id = args.mlflow_run_id if env_rank() == 0 else None
-    try:
-        ref = run_training(config, dataset, index, curriculum, _sink(config, run_id))
-    except DataError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    ref = run_training(config, dataset, index, curriculum, _sink(config, run_id))
     print(json.dumps(dataclasses.asdict(ref), indent=2))
     return 0
 
 
 def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
     """Merge decided audit rows into the overrides file; exit 1 when some conflict."""
-    from searchrl.contracts.overrides import OverridesError, merge_audit_decisions
+    from searchrl.contracts.overrides import merge_audit_decisions
 
     target = config.validate_.overrides_path
     if args.decisions is None or not args.decisions.is_file():
@@ -171,11 +148,7 @@ def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
         print("validate.overrides_path is null: set it to the overrides file to write",
               file=sys.stderr)
         return 2
-    try:
-        merged = merge_audit_decisions(args.decisions, Path(target), steward=args.steward)
-    except OverridesError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    merged = merge_audit_decisions(args.decisions, Path(target), steward=args.steward)
     print(json.dumps({"overrides": str(target), "added": [o.id for o in merged.added],
                       "unchanged": merged.unchanged, "conflicts": merged.conflicts,
                       "undecided": merged.undecided}, indent=2))
@@ -183,7 +156,8 @@ def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="searchrl")
+    parser = argparse.ArgumentParser(prog="searchrl", epilog=exit_code_table(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--out", type=Path, default=None,
@@ -203,11 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    return _run(args.command, config, args)
+        return _run(args.command, load_config(args.config, args.overrides), args)
+    except Exception as exc:  # an expected error's message alone; a bug's traceback
+        return report_error(exc)
 
 
 if __name__ == "__main__":

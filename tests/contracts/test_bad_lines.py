@@ -150,7 +150,7 @@ def test_cli_names_an_unreadable_file_in_one_line(tmp_path: Path, name: str,
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(world))
     capsys.readouterr()
-    assert main(["validate", "--config", str(config)]) == 2
+    assert main(["validate", "--config", str(config)]) == 4  # an input file unreadable
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
     assert err.startswith(str(bad)) and match in err
