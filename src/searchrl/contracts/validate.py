@@ -68,6 +68,7 @@ from searchrl.data.sources import (
     extra_eval_split,
     materialise_sources,
 )
+from searchrl.paths import safe_filename
 from searchrl.types import Passage, QAExample
 
 # A row failing these cannot be used as it stands; a steward corrects the source instead. They
@@ -117,10 +118,6 @@ class ValidationResult:
         }
         out |= {f"check_{k}": v for k, v in sorted(self.check_counts.items())}
         return out
-
-
-def _safe(name: str) -> str:
-    return name.replace(":", "_")
 
 
 def _check_corpus(runner: SuiteRunner, name: str, path: Path,
@@ -450,7 +447,7 @@ def _write_clean(out_dir: Path, names: list[str],
     """Each QA set's clean rows as `<out_dir>/<split>.jsonl` (manifests last: complete now)."""
     paths: dict[str, Path] = {}
     for name in names:
-        paths[name] = out_dir / f"{_safe(name)}.jsonl"
+        paths[name] = out_dir / f"{safe_filename(name)}.jsonl"  # extra_eval:<n> -> extra_eval_<n>
         write_jsonl(paths[name], clean.get(name, []))
         if not manifest_path(paths[name]).is_file():
             raise ValidationInvariantError(f"{paths[name]}: manifest missing after write")
