@@ -4,11 +4,11 @@ ranks on CPU, started by the stage exactly as `deepspeed --num_gpus 2` starts GP
 - The Prefect flow with two launched ranks trains the same weights as the same two ranks
   started by hand (RANK / WORLD_SIZE set, no launcher): the launcher adds nothing but the
   processes. Rank 0 logs into the stage's MLflow child run.
-- kill -9 of one rank mid-run fails the stage with every rank's last lines in the error, and
-  the re-run resumes from the newest checkpoint.
-- Killing the stage process itself (SIGKILL, then SIGTERM on the re-run) leaves no launcher
-  process or rank running; while ranks train, a second stage on the same work_dir is refused
-  (the checkpoint dir's lock names rank 0's pid); the last re-run resumes and finishes.
+- kill -9 of one rank mid-run fails the stage with every rank's last lines in the error;
+  killing the stage process itself (SIGKILL on the re-run, SIGTERM on the next) leaves no
+  launcher process or rank running; while ranks train, another trainer of the same checkpoint
+  dir is refused (the dir's lock names rank 0's pid); every re-run resumes from the newest
+  checkpoint and the last one finishes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 
 from flows.pipeline import pipeline
 from searchrl.tracking import child_runs
+from searchrl.train.checkpoint import CheckpointLockError, checkpoint_dir_lock
 from tests.flows.test_pipeline_flow import FAST
 from tests.helpers import free_port
 
@@ -87,42 +88,6 @@ def test_the_flow_launches_ranks_that_train_like_hand_started_ranks(
     assert all(torch.equal(launched_w[k], by_hand[k]) for k in launched_w)
 
 
-def test_kill_9_of_a_rank_fails_the_stage_and_the_rerun_resumes(
-        launched: tuple[dict[str, Any], list[str]], tmp_path: Path) -> None:
-    result, overrides = launched
-    work = Path(result["dataset"].corpus_path).parents[2]
-    copy = tmp_path / "work"
-    for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
-        shutil.copytree(work / stage, copy / stage)
-    shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
-    args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}",
-            "train.steps=8", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
-    ckpts = copy / "train_policy" / "checkpoints"
-    stage = subprocess.Popen(_cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    deadline = time.monotonic() + 600
-    while not (ckpts / "step_000002").is_dir():
-        assert stage.poll() is None, stage.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
-        time.sleep(0.5)
-    rank1 = [p for p in psutil.Process(stage.pid).children(recursive=True)
-             if "--local_rank=1" in p.cmdline()]
-    assert len(rank1) == 1
-    rank1[0].kill()  # SIGKILL: no handler, no cleanup
-    _, err = stage.communicate(timeout=300)
-    assert stage.returncode != 0
-    assert "DeepSpeed launcher exited" in err and "rank1.log (last lines)" in err
-    assert "Re-running resumes" in err
-    assert not (copy / "train_policy" / "ref.json").exists()  # nothing marked complete
-
-    rerun = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=900)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "resumed from" in rerun.stdout
-    assert (copy / "train_policy" / "ref.json").is_file()
-    steps = [int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")]
-    assert max(steps) == 8
-
-
 def _copy_upstream(work: Path, copy: Path) -> None:
     for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
         shutil.copytree(work / stage, copy / stage)
@@ -155,32 +120,53 @@ def _start_until(args: list[str], checkpoint: Path) -> tuple[subprocess.Popen[st
     return stage, tree
 
 
-def test_killing_the_stage_stops_every_rank_and_the_rerun_resumes(
+def _all_gone(tree: list[psutil.Process], why: str) -> None:
+    deadline = time.monotonic() + 20
+    while (left := _running(tree)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"outlived the stage ({why}): {[p.cmdline() for p in left]}"
+
+
+def test_a_killed_rank_or_stage_leaves_no_rank_running_and_the_rerun_resumes(
         launched: tuple[dict[str, Any], list[str]], tmp_path: Path) -> None:
     result, overrides = launched
     copy = tmp_path / "work"
     _copy_upstream(Path(result["dataset"].corpus_path).parents[2], copy)
     args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}",
-            "train.steps=6", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
+            "train.steps=10", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
     ckpts = copy / "train_policy" / "checkpoints"
-    for sig, checkpoint in ((signal.SIGKILL, "step_000002"), (signal.SIGTERM, "step_000004")):
-        stage, tree = _start_until(args, ckpts / checkpoint)
-        if sig == signal.SIGTERM:  # meanwhile a second stage on the same dir is refused
+
+    def newest() -> int:
+        return max((int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")), default=0)
+
+    # kill -9 of rank 1: the stage fails naming every rank's last lines
+    stage, tree = _start_until(args, ckpts / "step_000002")
+    next(p for p in tree if "--local_rank=1" in p.cmdline()).kill()
+    _, err = stage.communicate(timeout=300)
+    assert stage.returncode != 0
+    assert "DeepSpeed launcher exited" in err and "rank1.log (last lines)" in err
+    assert "Re-running resumes" in err
+    assert not (copy / "train_policy" / "ref.json").exists()  # nothing marked complete
+    _all_gone(tree, "a rank killed")
+
+    # SIGKILL, then SIGTERM, of the stage process itself
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        # a checkpoint of this run (the killed one's ranks may have saved one more)
+        stage, tree = _start_until(args, ckpts / f"step_{newest() + 2:06d}")
+        if sig == signal.SIGTERM:  # meanwhile another trainer of this dir is refused
             rank0 = next(p for p in tree if "--local_rank=0" in p.cmdline())
-            second = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=300)
-            assert second.returncode != 0
-            assert f"pid {rank0.pid} on" in second.stderr, second.stderr[-3000:]
+            with (pytest.raises(CheckpointLockError, match=f"pid {rank0.pid} on"),
+                  checkpoint_dir_lock(ckpts)):
+                pass
         stage.send_signal(sig)
         assert stage.wait(timeout=60) == -sig
-        deadline = time.monotonic() + 20
-        while (left := _running(tree)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, f"outlived the stage ({sig.name}): {[p.cmdline() for p in left]}"
+        _all_gone(tree, sig.name)
 
+    resume_from = newest()
     rerun = subprocess.run(_cli(*args), capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "resumed from" in rerun.stdout and "step_000004" in rerun.stdout
-    assert max(int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")) == 6
+    assert f"resumed from {ckpts / f'step_{resume_from:06d}'}" in rerun.stdout
+    assert (copy / "train_policy" / "ref.json").is_file()
+    assert newest() == 10
     logs = sorted((copy / "train_policy" / "launch" / "logs").glob("*/*_rank0.log"))
-    assert len(logs) == 3 and "resumed from" in logs[1].read_text()  # the SIGTERM-ed run too
-
+    assert len(logs) == 4 and all("resumed from" in log.read_text() for log in logs[1:])
