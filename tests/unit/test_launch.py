@@ -85,24 +85,38 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return True
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _kill_left(pids: list[int]) -> None:
+    """After a failed check: no process of the test left behind."""
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_ranks_and_launcher_die_when_the_stage_is_killed_with_sigkill(tmp_path: Path) -> None:
     stage, ranks = _start_stage(tmp_path)
-    launcher = int(Path(f"/proc/{ranks[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    assert os.getpgid(ranks[0]) == launcher != os.getpgid(stage.pid)  # a group of its own
-    stage.kill()  # SIGKILL: nothing runs in the stage; the ranks' watchdog notices
-    stage.wait()
-    assert _gone_within([*ranks, launcher], 10), "a rank or the launcher outlived the stage"
+    launcher = _parent(ranks[0])
+    try:
+        assert os.getpgid(ranks[0]) == launcher != os.getpgid(stage.pid)  # a group of its own
+        stage.kill()  # SIGKILL: nothing runs in the stage; the ranks' watchdog notices
+        stage.wait()
+        assert _gone_within([*ranks, launcher], 10), "a rank or the launcher outlived the stage"
+    finally:
+        _kill_left([stage.pid, launcher, *ranks])
 
 
 def test_a_rank_dies_with_its_parent(tmp_path: Path) -> None:
     stage, ranks = _start_stage(tmp_path)
-    launcher = int(Path(f"/proc/{ranks[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
     try:
-        os.kill(launcher, signal.SIGKILL)  # the stage lives on: PR_SET_PDEATHSIG alone
+        os.kill(_parent(ranks[0]), signal.SIGKILL)  # the stage lives on: PR_SET_PDEATHSIG
         assert _gone_within(ranks, 10), "a rank outlived its launcher"
     finally:
         stage.kill()
         stage.wait()
+        _kill_left(ranks)
 
 
 def test_a_rank_started_by_hand_is_not_guarded(tmp_path: Path) -> None:
