@@ -627,7 +627,7 @@ class LaunchConfig(_Section):
     """How the train stage runs its ranks. `inprocess`: one rank inside the stage's own
     process (the CPU default). `deepspeed`: the stage starts DeepSpeed's launcher as a
     subprocess (`deepspeed --num_gpus <ranks> [--hostfile F --num_nodes N] --module searchrl
-    train`), waits for it and reads the reference rank 0 wrote; on CPU the ranks are gloo
+    train-rank`), waits for it and reads the reference rank 0 wrote; on CPU the ranks are gloo
     processes. A re-run resumes from the newest checkpoint either way."""
 
     # Ranks shard the rollouts (checkpoints hold every rank's sampler state).
