@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from searchrl.contracts.answerability import find_answers, passage_text, snippet
+from searchrl.contracts.answerability import AnswerScan, passage_text, snippet
 from searchrl.text import is_subspan, normalize_answer
 from searchrl.types import Passage, QAExample
 
@@ -272,6 +272,49 @@ def time_sensitive_flags(rows: Iterable[CheckedRow], terms: Sequence[str]) -> li
 # --- answerability against the corpus
 
 
+def answers_to_find(rows: Iterable[CheckedRow], non_extractive: Sequence[str]) -> set[str]:
+    """The normalised gold answers the answerability checks look up in the corpus."""
+    skip = {normalize_answer(a) for a in non_extractive}
+    return set().union(*(_norm_answers(r) - skip for r in rows))
+
+
+def supporting_ids(rows: Iterable[CheckedRow]) -> set[str]:
+    return {d for r in rows for d in r.example.supporting_doc_ids}
+
+
+@dataclass
+class CorpusFacts:
+    """What the answerability checks need from the corpora, gathered in one pass over them
+    (`searchrl.contracts.corpus` streams a wiki-scale corpus through `add`): each answer's
+    first hit, the passages of the hits and the supporting passages (first by id), and how
+    many passages were searched."""
+
+    scan: AnswerScan
+    support_ids: set[str]
+    support: dict[str, Passage] = field(default_factory=dict)
+    passages: int = 0
+
+    @classmethod
+    def of(cls, rows: Sequence[CheckedRow], corpora: Iterable[tuple[str, Sequence[Passage]]],
+           non_extractive: Sequence[str]) -> CorpusFacts:
+        facts = cls(AnswerScan(answers_to_find(rows, non_extractive)), supporting_ids(rows))
+        for name, passages in corpora:
+            facts.add(name, passages)
+        return facts
+
+    def add(self, corpus: str, passages: Sequence[Passage], *, scan: bool = True) -> None:
+        """The next passages of `corpus`, in order (`scan=False`: counted only, for a corpus
+        file already scanned under another name)."""
+        self.passages += len(passages)
+        if not scan:
+            return
+        self.scan.feed(corpus, passages)
+        if self.support_ids:
+            for p in passages:
+                if p.id in self.support_ids and p.id not in self.support:
+                    self.support[p.id] = p
+
+
 def answerability_flags(rows: Sequence[CheckedRow], corpora: Mapping[str, Sequence[Passage]],
                         non_extractive: Sequence[str]) -> list[Flag]:
     """unanswerable / not_in_supporting / unknown_supporting_doc for every row.
@@ -280,24 +323,18 @@ def answerability_flags(rows: Sequence[CheckedRow], corpora: Mapping[str, Sequen
     judgements, not spans. The corpus is scanned once (Aho-Corasick); only the few named
     supporting passages of each row are searched directly.
     """
+    return answerability_flags_from(rows, CorpusFacts.of(rows, corpora.items(), non_extractive),
+                                    non_extractive)
+
+
+def answerability_flags_from(rows: Sequence[CheckedRow], facts: CorpusFacts,
+                             non_extractive: Sequence[str]) -> list[Flag]:
+    """`answerability_flags` from facts gathered over the corpora beforehand."""
     skip = {normalize_answer(a) for a in non_extractive}
     per_row = {(r.split, r.row): _norm_answers(r) - skip for r in rows}
-    all_answers = set().union(*per_row.values()) if per_row else set()
-    hits = find_answers(all_answers, corpora.items())
-    support_ids = {d for r in rows for d in r.example.supporting_doc_ids}
-    support: dict[str, Passage] = {}
-    by_id: dict[str, Passage] = {}
-    for passages in corpora.values():
-        for p in passages:
-            if p.id in support_ids and p.id not in support:
-                support[p.id] = p
-    hit_ids = {h.passage_id for h in hits.values()}
-    for passages in corpora.values():
-        for p in passages:
-            if p.id in hit_ids and p.id not in by_id:
-                by_id[p.id] = p
+    hits, support, by_id = facts.scan.hits, facts.support, facts.scan.passages
     support_norm = {pid: normalize_answer(passage_text(p)) for pid, p in support.items()}
-    n_passages = sum(len(p) for p in corpora.values())
+    n_passages = facts.passages
     flags: list[Flag] = []
     for row in rows:
         answers = per_row[(row.split, row.row)]

@@ -3,13 +3,16 @@ write the data steward's audit report.
 
 Order of work (each step's output feeds the next; nothing downstream sees an unchecked row):
 
-1. materialise the sources (`<out_dir>/source/`), load the steward overrides; a QA line that
-   is not a JSON object becomes a `parse` flag on that file and line (the rest validates); a
-   file unreadable as a whole stops the stage with a one-line DataError naming it;
-2. corpora: the `corpus` GX suite + row schema; a broken passage stops the stage;
-3. QA splits: steward corrections applied, then the `gold_qa` (train) or `eval_set` (dev, test,
+1. materialise the QA sources (`<out_dir>/source/`), load the steward overrides; a QA line
+   that is not a JSON object becomes a `parse` flag on that file and line (the rest
+   validates); a file unreadable as a whole stops the stage with a one-line DataError naming
+   it;
+2. QA splits: steward corrections applied, then the `gold_qa` (train) or `eval_set` (dev, test,
    extra eval) suite + row schema: failures are per-row `contract`/`duplicate_id`/`schema` flags;
    rows keep their source file and row number (the line, for JSONL);
+3. corpora, streamed once each (`searchrl.contracts.corpus`: memory flat in corpus size): copied
+   into `source/`, the `corpus` GX suite + row schema chunk by chunk (ids unique over the whole
+   file), and the answer scan for step 4 on the way; a broken passage stops the stage;
 4. checks beyond the schema (`searchrl.contracts.checks`) on every row that parses as a
    `QAExample`, contract failures included (they are quarantined anyway, but their leakage and
    answer variants are still reported); train rows without usable gold still get the leakage
@@ -35,16 +38,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from searchrl.config import PipelineConfig, ValidateConfig
+from searchrl.contracts.answerability import AnswerScan
 from searchrl.contracts.checks import (
     CheckedRow,
+    CorpusFacts,
     Flag,
     answer_variant_flags,
-    answerability_flags,
+    answerability_flags_from,
+    answers_to_find,
     leakage_flags,
     near_duplicate_leakage_flags,
     question_group_flags,
+    supporting_ids,
     time_sensitive_flags,
 )
+from searchrl.contracts.corpus import check_corpora
 from searchrl.contracts.overrides import AppliedOverride, Override, load_overrides
 from searchrl.contracts.report import (
     Audit,
@@ -53,12 +61,11 @@ from searchrl.contracts.report import (
     render_html,
     render_markdown,
 )
-from searchrl.contracts.suites import ContractError, SuiteResult, SuiteRunner
+from searchrl.contracts.suites import SuiteResult, SuiteRunner
 from searchrl.data.io import (
     BadRow,
     atomic_write_text,
     manifest_path,
-    read_passages,
     read_raw_qa_rows,
     write_jsonl,
 )
@@ -69,7 +76,7 @@ from searchrl.data.sources import (
     materialise_sources,
 )
 from searchrl.paths import safe_filename
-from searchrl.types import Passage, QAExample
+from searchrl.types import QAExample
 
 # A row failing these cannot be used as it stands; a steward corrects the source instead. They
 # quarantine whatever `validate.quarantine_checks` lists: such a row is never clean.
@@ -118,30 +125,6 @@ class ValidationResult:
         }
         out |= {f"check_{k}": v for k, v in sorted(self.check_counts.items())}
         return out
-
-
-def _check_corpus(runner: SuiteRunner, name: str, path: Path,
-                  passages: list[Passage]) -> SuiteResult:
-    rows = [p.model_dump() for p in passages]
-    result = runner.run("corpus", name, rows)
-    schema = runner.row_schema("corpus")
-    problems = [f"{path}: row {i + 1}: {reason}"
-                for i, fails in sorted(result.row_failures.items()) for _, reason in fails]
-    for i, raw in enumerate(rows):
-        if i in result.row_failures:
-            continue
-        try:
-            schema.model_validate(raw)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            problems.append(f"{path}: row {i + 1}: {'.'.join(map(str, first['loc']))}: "
-                            f"{first['msg']}")
-    if problems:
-        shown = "\n  ".join(problems[:10])
-        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise ContractError(f"corpus {name!r} breaks its data contract (data_contracts/"
-                            f"corpus.py); fix the passages at the source:\n  {shown}{more}")
-    return result
 
 
 def _apply_corrections(split: str, rows: list[tuple[int, dict[str, Any]]],
@@ -290,20 +273,6 @@ class _QAChecked:
     suites: list[SuiteResult] = field(default_factory=list)
 
 
-def _check_corpora(runner: SuiteRunner, sources: SourcePaths
-                   ) -> tuple[dict[str, list[Passage]], list[SuiteResult]]:
-    """Every corpus through its suite and row schema (a broken passage raises)."""
-    corpora: dict[str, list[Passage]] = {}
-    suites: list[SuiteResult] = []
-    parsed: dict[Path, list[Passage]] = {}  # one file may serve several names
-    for name, path in sources.corpus_sets().items():
-        if path not in parsed:
-            parsed[path] = read_passages(path)
-        corpora[name] = parsed[path]
-        suites.append(_check_corpus(runner, name, path, corpora[name]))
-    return corpora, suites
-
-
 def _source_rows(name: str, path: Path, provenance: SourceRows
                  ) -> tuple[str, list[tuple[int, dict[str, Any]]]]:
     """The steward's file and its rows numbered as there (not as in our copy)."""
@@ -343,8 +312,7 @@ def _check_qa_sets(runner: SuiteRunner, sources: SourcePaths, provenance: Source
     return out
 
 
-def _flag_beyond_schema(qa: _QAChecked, corpora: dict[str, list[Passage]],
-                        cfg: ValidateConfig) -> None:
+def _flag_beyond_schema(qa: _QAChecked, facts: CorpusFacts, cfg: ValidateConfig) -> None:
     """The checks beyond the schema, on contract-broken rows too (after the sound ones, so a
     duplicate_question lands on the broken copy and the sound "first occurrence" is kept);
     their flags join the rows' outcomes."""
@@ -353,12 +321,20 @@ def _flag_beyond_schema(qa: _QAChecked, corpora: dict[str, list[Passage]],
     extra = (answer_variant_flags(checked) + question_group_flags(checked)
              + near_duplicate_leakage_flags(checked, cfg.near_duplicate_threshold)
              + time_sensitive_flags(checked, cfg.time_sensitive_terms)
-             + answerability_flags(checked, corpora, cfg.non_extractive_answers)
+             + answerability_flags_from(checked, facts, cfg.non_extractive_answers)
              + (leakage_flags(qa.proxies + evals, cfg.near_duplicate_threshold)
                 if qa.proxies else []))
     by_row = {(o.split, o.row): o for o in qa.outcomes}
     for f in extra:
         by_row[(f.split, f.row)].flags.append(f)
+
+
+def _corpus_facts(qa: _QAChecked, cfg: ValidateConfig) -> CorpusFacts:
+    """What the corpus pass gathers for the answerability checks: the answers and supporting
+    passages of the rows `_flag_beyond_schema` checks."""
+    checked = qa.sound + qa.broken
+    return CorpusFacts(AnswerScan(answers_to_find(checked, cfg.non_extractive_answers)),
+                       supporting_ids(checked))
 
 
 def _decide_rows(qa: _QAChecked, cfg: ValidateConfig, overrides: list[Override],
@@ -471,12 +447,14 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
         old.unlink()
     overrides = load_overrides(cfg.overrides_path)
     provenance = SourceRows()
-    sources = materialise_sources(config.data, out_dir / "source", provenance=provenance)
+    sources = materialise_sources(config.data, out_dir / "source", provenance=provenance,
+                                  copy_corpora=False)
     runner = SuiteRunner(cfg.contracts_dir, cfg)
-    corpora, corpus_suites = _check_corpora(runner, sources)
     used: set[int] = set()
     qa = _check_qa_sets(runner, sources, provenance, overrides, used)
-    _flag_beyond_schema(qa, corpora, cfg)
+    facts = _corpus_facts(qa, cfg)
+    corpus_suites = check_corpora(runner, sources, facts)
+    _flag_beyond_schema(qa, facts, cfg)
     clean = _decide_rows(qa, cfg, overrides, used)
     counts, split_counts = _counts(qa.outcomes, qa.rows_in, clean, len(overrides), len(used))
     written = _write_audit(config, out_dir, qa, corpus_suites + qa.suites, counts,

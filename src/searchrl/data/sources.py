@@ -81,6 +81,8 @@ class SourcePaths:
     corpus: Path
     extra_evals: dict[str, Path] = field(default_factory=dict)
     extra_corpora: dict[str, Path] = field(default_factory=dict)
+    # With copy_corpora=False: copy -> the source it is still to be copied from.
+    pending_copies: dict[Path, str] = field(default_factory=dict)
 
     def qa_sets(self) -> dict[str, Path]:
         """Split name -> QA file for every QA set, extra eval sets under `extra_eval_split`."""
@@ -93,7 +95,8 @@ class SourcePaths:
 
 
 def materialise_sources(cfg: DataConfig, out_dir: Path, *,
-                        provenance: SourceRows | None = None) -> SourcePaths:
+                        provenance: SourceRows | None = None,
+                        copy_corpora: bool = True) -> SourcePaths:
     """Write corpus + splits (+ extra eval sets/corpora) to out_dir; return their paths.
 
     QA rows are copied raw-but-normalised (validation decides what is clean); passages are
@@ -101,8 +104,11 @@ def materialise_sources(cfg: DataConfig, out_dir: Path, *,
     `provenance` a QA line that is not a JSON object raises DataError; with it, such lines
     are recorded there (and skipped), as are the source file and row numbers of the copies.
     A file unreadable as a whole raises a one-line DataError naming it either way.
+    `copy_corpora=False` leaves the corpus copies to the caller (`pending_copies`): validation
+    streams a wiki-scale corpus once, copying it while it checks it.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    pending: dict[Path, str] = {}
     if cfg.source == "synthetic":
         splits = write_world(generate_world(cfg.synthetic), out_dir)
         corpus = splits.pop("corpus")
@@ -115,7 +121,7 @@ def materialise_sources(cfg: DataConfig, out_dir: Path, *,
                 write_jsonl(splits[split], _qa_rows(split, src, provenance))
         assert cfg.corpus_path is not None
         corpus = out_dir / "corpus.jsonl"
-        write_jsonl(corpus, read_passages(cfg.corpus_path))
+        pending[corpus] = cfg.corpus_path
     extra_evals: dict[str, Path] = {}
     for name, src in cfg.extra_eval.items():
         extra_evals[name] = out_dir / f"extra_eval_{safe_filename(name)}.jsonl"
@@ -130,6 +136,10 @@ def materialise_sources(cfg: DataConfig, out_dir: Path, *,
         source = Path(src).resolve()
         if source not in copies:
             copies[source] = out_dir / f"extra_corpus_{safe_filename(name)}.jsonl"
-            write_jsonl(copies[source], read_passages(src))
+            pending[copies[source]] = src
         extra_corpora[name] = copies[source]
-    return SourcePaths(splits, corpus, extra_evals, extra_corpora)
+    if copy_corpora:
+        for copy, src in pending.items():
+            write_jsonl(copy, read_passages(src))
+        pending = {}
+    return SourcePaths(splits, corpus, extra_evals, extra_corpora, pending)
