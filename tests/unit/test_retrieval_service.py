@@ -5,12 +5,14 @@ trip; the managed subprocess (retrieval/service.py) over a real index."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import random
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -20,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from searchrl.config import IndexConfig, PipelineConfig
 from searchrl.data.io import read_qa
+from searchrl.httpx_helpers import NO_RETRY_HEADER, retry_delay
 from searchrl.retrieval.base import SearchError
 from searchrl.retrieval.client import RetrievalClient
 from searchrl.retrieval.index_store import build_index, load_corpus_searcher, load_searcher
@@ -29,6 +32,7 @@ from searchrl.retrieval.server import (
     _is_loopback,
     create_app,
     load_service_searcher,
+    max_body_bytes,
     query_flags,
 )
 from searchrl.retrieval.service import (
@@ -113,9 +117,10 @@ def test_bearer_token_is_required_when_set(fake: FakeSearcher) -> None:
     assert api.get("/health").status_code == 200
 
 
-def test_search_failure_is_a_503_not_an_empty_result(api: TestClient) -> None:
+def test_search_failure_is_a_final_500_not_an_empty_result(api: TestClient) -> None:
     resp = api.post("/retrieve", json={"queries": ["boom"], "topk": 1})
-    assert resp.status_code == 503 and "index on fire" in resp.json()["detail"]
+    assert resp.status_code == 500 and "index on fire" in resp.json()["detail"]
+    assert resp.headers[NO_RETRY_HEADER] == "1"
 
 
 def test_loopback_detection() -> None:
@@ -126,9 +131,17 @@ def test_loopback_detection() -> None:
 # --- client
 
 
-def _client(handler: object, retries: int = 2) -> RetrievalClient:
+def _client(handler: Callable[[httpx.Request], httpx.Response],
+            retries: int = 2) -> RetrievalClient:
+    """A client of `handler`, behind a server without /limits (as Search-R1's)."""
+
+    def search_r1_like(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/limits":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return handler(request)
+
     return RetrievalClient("http://svc", retries=retries, backoff_s=0.01,
-                           transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
+                           transport=httpx.MockTransport(search_r1_like))
 
 
 def _ok(request: httpx.Request) -> httpx.Response:
@@ -510,3 +523,184 @@ def test_concurrent_hybrid_searches_match_sequential_ones(tmp_path: Path) -> Non
     for t in threads:
         t.join(timeout=60)
     assert [got[i] for i in range(len(batches))] == expected
+
+
+# --- the client splits batches to the limits the server advertises
+
+
+def test_client_splits_a_batch_above_the_servers_max_batch(
+        real_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The demo's curriculum sent 258 queries to a server taking 256 and got HTTP 413.
+    searcher = load_corpus_searcher(real_index, IndexConfig(retriever="bm25"))
+    config = IndexConfig(retriever="bm25", max_batch=4, max_top_k=5)
+    questions = [ex.question for ex in read_qa(HOTPOT / "questions.jsonl")[:11]]
+    app = create_app(searcher, config, token="t0k")
+    with serving(app) as url:
+        client = RetrievalClient(url, token="t0k", retries=0)
+        served = client.search_batch(questions, 3)
+        client.close()
+    assert served == searcher.search_batch(questions, 3)
+    totals = app.state.monitor.snapshot()["totals"]
+    assert (totals["served"], totals["queries"], totals["rejected"]) == (3, 11, 0)
+    assert totals["largest_batch"] == 4
+
+
+def test_client_fetches_the_limits_once_and_falls_back_without_them(
+        fake: FakeSearcher) -> None:
+    app = create_app(fake, CONFIG, token="t0k")
+    with serving(app) as url:
+        client = RetrievalClient(url, token="t0k", retries=0)
+        for _ in range(2):
+            assert len(client.search_batch([f"q{i}" for i in range(9)], 1)) == 9
+        client.close()
+    assert [len(queries) for queries, _ in fake.calls] == [4, 4, 1] * 2
+    # A server that advertises no limits (Search-R1's): the client's own max_batch, if any.
+    seen: list[tuple[str, int]] = []
+
+    def search_r1(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/retrieve":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        seen.append((request.url.path, len(json.loads(request.content)["queries"])))
+        return _ok(request)
+
+    client = RetrievalClient("http://svc", retries=0, max_batch=2,
+                             transport=httpx.MockTransport(search_r1))
+    assert len(client.search_batch(["a", "b", "c"], 1)) == 3
+    assert len(client.search_batch(["d"], 1)) == 1
+    assert seen == [("/retrieve", 2), ("/retrieve", 1), ("/retrieve", 1)]
+
+
+# --- the token before the body, a body cap, liveness only without a token
+
+
+def _raw_post(url: str, headers: dict[str, str], body: bytes = b"",
+              chunks: Sequence[bytes] = ()) -> tuple[int, bytes]:
+    """POST /retrieve sending only `body` of whatever Content-Length says (or `chunks`
+    chunked), then the server's answer: what the server did without the rest of the body."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.putrequest("POST", "/retrieve")
+    for name, value in headers.items():
+        conn.putheader(name, value)
+    conn.endheaders()
+    conn.send(body)
+    for chunk in chunks:
+        conn.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+    resp = conn.getresponse()
+    try:
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_no_token_or_a_body_over_the_cap_is_refused_before_the_body_is_read(
+        fake: FakeSearcher) -> None:
+    app = create_app(fake, CONFIG, token="s3cret")
+    huge = {"Content-Type": "application/json", "Content-Length": str(4 * 2 ** 30)}
+    with serving(app) as url:
+        # 4 GiB announced, a few bytes sent: the answer comes without waiting for the rest.
+        status, body = _raw_post(url, huge, b'{"queries": [')
+        assert status == 401 and b"bearer token" in body
+        status, body = _raw_post(url, {**huge, "Authorization": "Bearer wrong"}, b"{")
+        assert status == 401
+        auth = {"Content-Type": "application/json", "Authorization": "Bearer s3cret"}
+        cap = max_body_bytes(CONFIG)
+        status, body = _raw_post(url, {**auth, "Content-Length": str(cap + 1)}, b"{")
+        assert status == 413 and f"max_body_bytes={cap}".encode() in body
+        # No Content-Length (chunked): read up to the cap, then refused.
+        status, body = _raw_post(url, {**auth, "Transfer-Encoding": "chunked"},
+                                 chunks=[b" " * 1000] * (cap // 1000 + 2))
+        assert status == 413
+        # The largest valid request fits under the cap.
+        largest = {"queries": ["\U0001f600" * CONFIG.max_query_chars] * CONFIG.max_batch,
+                   "topk": CONFIG.max_top_k, "return_scores": True}
+        ok = httpx.post(f"{url}/retrieve", json=largest, headers=auth, timeout=10)
+        assert ok.status_code == 200, ok.text
+        assert len(json.dumps(largest).encode()) < cap
+    assert app.state.monitor.unauthorized == 2 and len(fake.calls) == 1
+
+
+def test_health_without_a_token_says_only_that_it_is_alive(fake: FakeSearcher) -> None:
+    app = create_app(fake, CONFIG, token="s3cret", info={"passages": 7, "pid": 1})
+    with serving(app) as url:
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+        wrong = httpx.get(f"{url}/health", headers={"Authorization": "Bearer nope"})
+        assert wrong.json() == {"status": "ok"}
+        full = httpx.get(f"{url}/health", headers={"Authorization": "Bearer s3cret"}).json()
+        assert full == {"status": "ok", "passages": 7, "pid": 1}
+        assert httpx.get(f"{url}/limits").status_code == 401
+        limits = httpx.get(f"{url}/limits", headers={"Authorization": "Bearer s3cret"}).json()
+    assert limits == {"max_batch": 4, "max_top_k": 5, "max_query_chars": 50,
+                      "max_body_bytes": max_body_bytes(CONFIG)}
+
+
+# --- retries: jittered, a failed search is final, a search past its time
+
+
+def test_retry_delays_are_jittered_even_under_one_global_seed() -> None:
+    def delays() -> list[float]:
+        random.seed(0)  # as every rank seeds its RNGs alike
+        return [retry_delay(attempt, 0.2, 0.0) for attempt in (1, 2, 3)]
+
+    first, second = delays(), delays()
+    assert first != second  # two ranks do not retry in lockstep
+    for attempt, delay in enumerate(first, start=1):
+        base = 0.2 * 2 ** (attempt - 1)
+        assert base / 2 <= delay <= base  # equal jitter
+    # The server's Retry-After is a floor, spread a little so ranks do not return together.
+    waits = {retry_delay(1, 0.2, 1.0) for _ in range(20)}
+    assert len(waits) > 1 and all(1.0 <= w <= 1.25 for w in waits)
+
+
+def test_a_failed_search_is_answered_final_and_not_retried(fake: FakeSearcher) -> None:
+    app = create_app(fake, CONFIG)
+    with serving(app) as url:
+        client = RetrievalClient(url, retries=3, backoff_s=0.01)
+        with pytest.raises(SearchError, match="HTTP 500: search failed: index on fire"):
+            client.search_batch(["boom"], 1)
+        client.close()
+    assert len(fake.calls) == 1  # one search, not four
+    assert app.state.monitor.snapshot()["totals"]["failed"] == 1
+
+
+def test_a_search_past_the_server_timeout_answers_504_and_holds_its_slot() -> None:
+    slow = SlowSearcher(delay_s=1.5)
+    config = CONFIG.model_copy(update={"service_search_timeout_s": 0.3, "service_workers": 1,
+                                       "service_max_inflight": 1})
+    app = create_app(slow, config)
+    with serving(app) as url:
+        client = RetrievalClient(url, retries=2, backoff_s=0.01)
+        start = time.perf_counter()
+        with pytest.raises(SearchError, match=r"HTTP 504: .*service_search_timeout_s=0\.3"):
+            client.search_batch(["q"], 1)
+        assert time.perf_counter() - start < 1.2  # answered at the timeout, not retried
+        # The search still runs on its thread and still counts against the in-flight bound.
+        assert app.state.monitor.inflight == 1
+        busy = httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 1}, timeout=10)
+        assert busy.status_code == 503
+        deadline = time.monotonic() + 10
+        while app.state.monitor.inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.monitor.inflight == 0
+        client.close()
+    assert len(slow.spans) == 1
+    assert app.state.monitor.snapshot()["totals"]["timed_out"] == 1
+
+
+def test_a_search_that_waited_past_the_timeout_for_a_worker_is_busy_and_never_runs() -> None:
+    gate = threading.Event()
+    slow = SlowSearcher(gate=gate)
+    config = CONFIG.model_copy(update={"service_search_timeout_s": 0.3, "service_workers": 1,
+                                       "service_max_inflight": 4})
+    app = create_app(slow, config)
+    with serving(app) as url:
+        first = threading.Thread(target=_post_in_threads, args=(url, 1))
+        first.start()
+        assert slow.entered.wait(timeout=10)
+        queued = httpx.post(f"{url}/retrieve", json={"queries": ["late"], "topk": 1},
+                            timeout=10)
+        gate.set()
+        first.join(timeout=10)
+    assert queued.status_code == 503 and "retry-after" in queued.headers
+    assert "waited" in queued.json()["detail"]
+    assert len(slow.spans) == 1  # the queued search was dropped, never run

@@ -2,18 +2,22 @@
 
 Speaks Search-R1's `/retrieve` shape (`{"queries", "topk", "return_scores"}` ->
 `{"result": [[{"document": {"id", "contents", ...}, "score"}, ...], ...]}`), so it also works
-against Search-R1's own retrieval server. Every call has a timeout; connection errors,
-timeouts, 429 (rate limited) and 5xx (503: busy) are retried a bounded number of times with
-exponential backoff, waiting at least the server's Retry-After (capped at the timeout); then,
-or on any other error status or a malformed answer, `SearchError` is raised. Requests carry
-`X-Client-Id` (host:pid[:rank]) so the server's /stats can tell ranks apart. A failure is
-never returned as an empty result. Hit texts are neutralised (rollout tags escaped).
+against Search-R1's own retrieval server. Batches are split to the server's `max_batch`,
+read once from its `/limits` (a server without that endpoint, like Search-R1's: the client's
+own `max_batch`, if any). Every call has a timeout; connection errors, timeouts, 429 (rate
+limited) and 5xx (503: busy) are retried a bounded number of times with jittered exponential
+backoff, waiting at least the server's Retry-After (capped at the timeout), except a failure
+the server marks final (a search that failed or ran past its timeout); then, or on any other
+error status or a malformed answer, `SearchError` is raised. Requests carry `X-Client-Id`
+(host:pid[:rank]) so the server's /stats can tell ranks apart. A failure is never returned as
+an empty result. Hit texts are neutralised (rollout tags escaped).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +36,13 @@ class RetrievalClient:
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0,
                  retries: int = 3, backoff_s: float = 0.2,
                  transport: httpx.BaseTransport | None = None,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, max_batch: int | None = None) -> None:
+        """`max_batch`: the batch size to split to when the server advertises no limits
+        (None: send every batch whole)."""
         self.url = url.rstrip("/")
+        self.max_batch = max_batch
+        self._limits: dict[str, Any] | None = None
+        self._limits_lock = threading.Lock()
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_wait_s = timeout_s
@@ -48,18 +57,40 @@ class RetrievalClient:
         """Client for `config.service_url`, token from `$<config.service_token_env>` if set."""
         return cls(config.service_url, token=os.environ.get(config.service_token_env) or None,
                    timeout_s=config.client_timeout_s, retries=config.client_retries,
-                   backoff_s=config.client_backoff_s)
+                   backoff_s=config.client_backoff_s, max_batch=config.max_batch)
 
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, json: Any = None) -> Any:
+    def _request(self, method: str, path: str, json: Any = None,
+                 absent_ok: bool = False) -> Any:
         return request_json(lambda: self._http.request(method, path, json=json),
                             retries=self.retries, backoff_s=self.backoff_s,
                             max_wait_s=self.max_wait_s, where=f"retrieval service {self.url}{path}",
-                            error=SearchError,
+                            error=SearchError, absent_ok=absent_ok,
                             unreachable="is it running? start it with `python -m "
                             "searchrl.retrieval.server --index-dir DIR --config CFG`")
+
+    def limits(self) -> dict[str, Any]:
+        """The server's limits (`/limits`: max_batch, max_top_k, max_query_chars,
+        max_body_bytes), asked once; {} from a server that has no such endpoint."""
+        with self._limits_lock:
+            if self._limits is None:
+                data = self._request("GET", "/limits", absent_ok=True)
+                if data is not None and not isinstance(data, dict):
+                    raise SearchError(f"retrieval service {self.url}/limits: unexpected "
+                                      f"answer {str(data)[:200]}")
+                self._limits = data or {}
+            return self._limits
+
+    def _batch_size(self) -> int | None:
+        advertised = self.limits().get("max_batch")
+        if advertised is None:
+            return self.max_batch
+        if not isinstance(advertised, int) or advertised < 1:
+            raise SearchError(f"retrieval service {self.url}/limits: max_batch must be a "
+                              f"positive integer, got {advertised!r}")
+        return advertised
 
     def health(self) -> dict[str, Any]:
         data = self._request("GET", "/health")
@@ -68,8 +99,16 @@ class RetrievalClient:
         return data
 
     def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
+        """Hits per query, in `max_batch` requests one after another."""
         if not queries:
             return []
+        size = self._batch_size() or len(queries)
+        hits: list[list[SearchHit]] = []
+        for start in range(0, len(queries), size):
+            hits.extend(self._retrieve(queries[start:start + size], top_k))
+        return hits
+
+    def _retrieve(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
         data = self._request("POST", "/retrieve", json={
             "queries": list(queries), "topk": top_k, "return_scores": True})
         result = data.get("result") if isinstance(data, dict) else None

@@ -1,18 +1,24 @@
 """The retrieval HTTP service (FastAPI): Search-R1-compatible batch `/retrieve`, `/health`,
-`/stats`.
+`/limits`, `/stats`.
 
     POST /retrieve {"queries": [str], "topk": int = 3, "return_scores": bool = false}
       -> {"result": [[{"document": {"id", "title", "contents"}, "score": float}, ...], ...]}
          (with return_scores=false each hit is the bare document, as in Search-R1)
-    GET  /health  -> {"status": "ok", "passages": int, "retriever": str, "pid": int}
+    GET  /health  -> {"status": "ok"}; with the token also "passages", "retriever", "pid"
+    GET  /limits  -> {"max_batch", "max_top_k", "max_query_chars", "max_body_bytes"}
+                     (clients split their batches to max_batch)
     GET  /stats   -> per-client request/query counts, flagged queries, a recent-query sample
 
-Limits (from `IndexConfig`) answer with a clear 4xx: empty batch or bad top-k or an overlong
-query 422, batch above `max_batch` 413, missing/wrong bearer token 401 (when a token is set),
-more than `service_rate_limit_per_s` requests/s from one client 429 with Retry-After. More
-than `service_max_inflight` requests admitted at once answer 503 "busy" with Retry-After, and
-search failures 503, so clients retry. Bound to 127.0.0.1 unless told otherwise; a
-non-loopback bind without a token is refused.
+When a token is set, every path but /health needs it, checked before the body is read: a
+missing/wrong bearer token answers 401, a body above `max_body_bytes` (room for the largest
+valid request) 413, neither reading the rest. Limits (from `IndexConfig`) answer with a clear
+4xx: empty batch or bad top-k or an overlong query 422, batch above `max_batch` 413, more
+than `service_rate_limit_per_s` requests/s from one client 429 with Retry-After. More than
+`service_max_inflight` requests admitted at once, or one that waited a whole
+`service_search_timeout_s` for a worker, answer 503 "busy" with Retry-After, so clients
+retry. A search that fails answers 500, one that runs past `service_search_timeout_s` 504,
+both marked final (`X-No-Retry`): the same request would fail again. Bound to 127.0.0.1
+unless told otherwise; a non-loopback bind without a token is refused.
 
 Concurrency: up to `service_workers` searches run at once on a thread pool; nothing
 serialises them except what is not thread-safe. BM25 search only reads the index's arrays
@@ -49,16 +55,19 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from searchrl.config import IndexConfig, load_config
 from searchrl.data.io import read_manifest
-from searchrl.retrieval.base import Searcher, SearchError
+from searchrl.httpx_helpers import NO_RETRY_HEADER
+from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.dense import Encoder, FloatArray
 from searchrl.retrieval.index_store import (
     MAIN_CORPUS,
@@ -125,6 +134,8 @@ class ClientStats:
     busy: int = 0
     rejected: int = 0
     failed: int = 0
+    timed_out: int = 0
+    largest_batch: int = 0  # queries in its largest served request
     flagged: dict[str, int] = field(default_factory=dict)
     last_seen: float = 0.0
 
@@ -192,16 +203,18 @@ class Monitor:
         clients = {name: asdict(s) for name, s in self.clients.items()}
         totals: dict[str, Any] = {key: sum(c[key] for c in clients.values())
                                   for key in ("requests", "served", "queries", "rate_limited",
-                                              "busy", "rejected", "failed")}
+                                              "busy", "rejected", "failed", "timed_out")}
         flagged: dict[str, int] = {}
         for c in clients.values():
             for flag, n in c["flagged"].items():
                 flagged[flag] = flagged.get(flag, 0) + n
+        totals["largest_batch"] = max((c["largest_batch"] for c in clients.values()), default=0)
         return {"uptime_s": round(time.time() - self.started, 1), "inflight": self.inflight,
                 "limits": {"workers": self.config.service_workers,
                            "max_inflight": self.config.service_max_inflight,
                            "rate_limit_per_s": self.config.service_rate_limit_per_s,
-                           "rate_burst": self.config.service_rate_burst},
+                           "rate_burst": self.config.service_rate_burst,
+                           "search_timeout_s": self.config.service_search_timeout_s},
                 "totals": totals | {"flagged": flagged, "unauthorized": self.unauthorized},
                 "clients": clients, "recent": list(self.recent)}
 
@@ -209,45 +222,158 @@ class Monitor:
 # --- the app
 
 
-def create_app(searcher: Searcher, config: IndexConfig, token: str | None = None,
-               info: dict[str, Any] | None = None, serialise: bool = False) -> FastAPI:
-    """An app serving `searcher`. `token`: required bearer token, None for none.
-    `info` is merged into the /health answer. `serialise`: one search at a time (for a
-    searcher that is not thread-safe, e.g. faiss on GPU; and to measure what concurrency
-    buys)."""
-    app = FastAPI(title="searchrl retrieval", version="2")
-    monitor = Monitor(config)
-    app.state.monitor = monitor
-    # Threads are made on demand and kept: a search waits for a free one, never for a lock.
-    pool = ThreadPoolExecutor(max_workers=config.service_workers,
-                              thread_name_prefix="retriever")
-    lock = threading.Lock() if serialise else None
+def max_body_bytes(config: IndexConfig) -> int:
+    """The largest request body accepted: room for the largest valid request (`max_batch`
+    queries of `max_query_chars` characters, each escaped as a 12-byte JSON surrogate pair,
+    plus quotes and keys). Anything larger is refused unread (413)."""
+    return 1024 + config.max_batch * (12 * config.max_query_chars + 8)
 
-    def search(queries: list[str], top_k: int) -> list[list[SearchHit]]:
-        if lock is None:
-            return searcher.search_batch(queries, top_k)
-        with lock:
-            return searcher.search_batch(queries, top_k)
 
-    async def check_token(authorization: Annotated[str | None, Header()] = None) -> None:
-        if token is None:
+def _token_ok(authorization: str | None, token: str) -> bool:
+    scheme, _, given = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode())
+
+
+async def _refuse(send: Send, status: int, detail: str, headers: dict[str, str]) -> None:
+    """Answer without reading the body; `Connection: close` so the server drops the rest."""
+    response = JSONResponse({"detail": detail}, status_code=status,
+                            headers={**headers, "Connection": "close"})
+    await response({"type": "http"}, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+class _Guard:
+    """In front of every route, before a byte of the body is read (FastAPI reads and parses
+    the body before a route's dependencies run): the bearer token (401; /health needs none,
+    it answers liveness only), then the body size (413 on a Content-Length above the cap; a
+    body without one is read up to the cap, then refused)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body: int,
+                 monitor: Monitor) -> None:
+        self.app, self.token, self.max_body, self.monitor = app, token, max_body, monitor
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
             return
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
-            monitor.unauthorized += 1
-            raise HTTPException(status_code=401, detail="missing or invalid bearer token "
-                                "(send 'Authorization: Bearer <token>')",
-                                headers={"WWW-Authenticate": "Bearer"})
+        headers = Headers(scope=scope)
+        if (self.token is not None and scope["path"] != "/health"
+                and not _token_ok(headers.get("authorization"), self.token)):
+            self.monitor.unauthorized += 1
+            await _refuse(send, 401, "missing or invalid bearer token (send 'Authorization: "
+                          "Bearer <token>')", {"WWW-Authenticate": "Bearer"})
+            return
+        too_large = (f"request body above max_body_bytes={self.max_body} (index.max_batch x "
+                     "index.max_query_chars); split the batch")
+        length = headers.get("content-length")
+        if length is not None or scope["method"] in ("GET", "HEAD"):
+            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+                await _refuse(send, 413, too_large, {})
+                return
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body:
+                await _refuse(send, 413, too_large, {})
+                return
+
+        async def replay() -> Message:
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+class _Searches:
+    """Runs searches on the worker pool: the in-flight bound (503 busy), the search timeout
+    (504; 503 busy if the search never got a worker), failures (500, final: the client does
+    not retry a search that failed, it would fail again)."""
+
+    def __init__(self, searcher: Searcher, config: IndexConfig, monitor: Monitor,
+                 serialise: bool) -> None:
+        self.searcher, self.config, self.monitor = searcher, config, monitor
+        # Threads are made on demand and kept: a search waits for a free one, never a lock.
+        self.pool = ThreadPoolExecutor(max_workers=config.service_workers,
+                                       thread_name_prefix="retriever")
+        self.lock = threading.Lock() if serialise else None
+
+    def _search(self, queries: list[str], top_k: int) -> list[list[SearchHit]]:
+        if self.lock is None:
+            return self.searcher.search_batch(queries, top_k)
+        with self.lock:
+            return self.searcher.search_batch(queries, top_k)
+
+    def _release(self) -> None:
+        self.monitor.inflight -= 1
+
+    async def run(self, queries: list[str], top_k: int,
+                  stats: ClientStats) -> list[list[SearchHit]]:
+        monitor, config = self.monitor, self.config
+        if monitor.inflight >= config.service_max_inflight:
+            stats.busy += 1
+            raise HTTPException(status_code=503, headers={"Retry-After": "1"},
+                                detail=f"busy: {monitor.inflight} requests in flight "
+                                f"(index.service_max_inflight={config.service_max_inflight}); "
+                                "retry")
+        loop = asyncio.get_running_loop()
+        future = self.pool.submit(self._search, queries, top_k)
+        # A search past its timeout keeps its thread until it ends, and its slot with it.
+        monitor.inflight += 1
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
+        timeout = config.service_search_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except TimeoutError:
+            if future.cancel() or future.cancelled():  # still queued: it never ran
+                stats.busy += 1
+                raise HTTPException(status_code=503, headers={"Retry-After": "1"},
+                                    detail=f"busy: waited {timeout:g}s for a free worker "
+                                    f"(index.service_workers={config.service_workers}); "
+                                    "retry") from None
+            stats.timed_out += 1
+            raise HTTPException(status_code=504, headers={NO_RETRY_HEADER: "1"},
+                                detail=f"search of {len(queries)} queries took longer than "
+                                f"index.service_search_timeout_s={timeout:g}s") from None
+        except Exception as exc:
+            stats.failed += 1
+            logger.exception("search of %d queries failed", len(queries))
+            raise HTTPException(status_code=500, headers={NO_RETRY_HEADER: "1"},
+                                detail=f"search failed: {exc}") from exc
+
+
+def _add_info_routes(app: FastAPI, monitor: Monitor, config: IndexConfig, token: str | None,
+                     info: dict[str, Any]) -> None:
+    """/health (details only with the token), /limits and /stats (behind `_Guard`)."""
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", **(info or {})}
+    async def health(authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        if token is not None and not _token_ok(authorization, token):
+            return {"status": "ok"}
+        return {"status": "ok", **info}
 
-    @app.get("/stats", dependencies=[Depends(check_token)])
+    @app.get("/limits")
+    async def limits() -> dict[str, int]:
+        return {"max_batch": config.max_batch, "max_top_k": config.max_top_k,
+                "max_query_chars": config.max_query_chars,
+                "max_body_bytes": max_body_bytes(config)}
+
+    @app.get("/stats")
     async def stats() -> dict[str, Any]:
         return monitor.snapshot()
 
-    @app.post("/retrieve", dependencies=[Depends(check_token)])
+
+def _add_retrieve_route(app: FastAPI, searches: _Searches, monitor: Monitor,
+                        config: IndexConfig) -> None:
+    @app.post("/retrieve")
     async def retrieve(request: RetrieveRequest, http: Request,
                        x_client_id: Annotated[str | None, Header()] = None) -> RetrieveResponse:
         client = monitor.identify(http.client.host if http.client else "unknown", x_client_id)
@@ -266,29 +392,28 @@ def create_app(searcher: Searcher, config: IndexConfig, token: str | None = None
             stats.rejected += 1
             raise
         monitor.record_queries(client, request.queries)
-        if monitor.inflight >= config.service_max_inflight:
-            stats.busy += 1
-            raise HTTPException(status_code=503, headers={"Retry-After": "1"},
-                                detail=f"busy: {monitor.inflight} requests in flight "
-                                f"(index.service_max_inflight={config.service_max_inflight}); "
-                                "retry")
-        monitor.inflight += 1
-        try:
-            loop = asyncio.get_running_loop()
-            hits = await loop.run_in_executor(pool, partial(search, request.queries,
-                                                            request.topk))
-        except SearchError as exc:
-            stats.failed += 1
-            raise HTTPException(status_code=503, detail=f"search failed: {exc}") from exc
-        finally:
-            monitor.inflight -= 1
+        hits = await searches.run(request.queries, request.topk, stats)
         stats.served += 1
         stats.queries += len(request.queries)
+        stats.largest_batch = max(stats.largest_batch, len(request.queries))
         if request.return_scores:
             return RetrieveResponse(result=[[{"document": _document(h), "score": h.score}
                                              for h in per_query] for per_query in hits])
         return RetrieveResponse(result=[[_document(h) for h in per_query] for per_query in hits])
 
+
+def create_app(searcher: Searcher, config: IndexConfig, token: str | None = None,
+               info: dict[str, Any] | None = None, serialise: bool = False) -> FastAPI:
+    """An app serving `searcher`. `token`: required bearer token, None for none.
+    `info` is merged into the /health answer to holders of the token. `serialise`: one search
+    at a time (for a searcher that is not thread-safe, e.g. faiss on GPU; and to measure what
+    concurrency buys)."""
+    app = FastAPI(title="searchrl retrieval", version="3")
+    monitor = Monitor(config)
+    app.state.monitor = monitor
+    app.add_middleware(_Guard, token=token, max_body=max_body_bytes(config), monitor=monitor)
+    _add_info_routes(app, monitor, config, token, info or {})
+    _add_retrieve_route(app, _Searches(searcher, config, monitor, serialise), monitor, config)
     return app
 
 

@@ -72,9 +72,11 @@ def check_port_free(host: str, port: int) -> None:
                 "port") from exc
 
 
-def _health(url: str, timeout_s: float) -> dict[str, Any] | None:
+def _health(url: str, token: str, timeout_s: float) -> dict[str, Any] | None:
+    """The /health answer (with the token: its details, the pid among them), or None."""
     try:
-        resp = httpx.get(f"{url}/health", timeout=timeout_s)
+        resp = httpx.get(f"{url}/health", timeout=timeout_s,
+                         headers={"Authorization": f"Bearer {token}"})
     except httpx.HTTPError:
         return None
     if resp.status_code != 200:
@@ -156,7 +158,7 @@ def serve_index(index_dir: str | Path, config: IndexConfig, *, corpus: str | Non
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=env)
         try:
-            _wait_healthy(proc, local_url, config.service_start_timeout_s, log_path)
+            _wait_healthy(proc, local_url, token, config.service_start_timeout_s, log_path)
             logger.info("retrieval server pid %d serving %s (log %s)", proc.pid,
                         config.service_url, log_path)
             with contextlib.ExitStack() as stack:
@@ -169,7 +171,7 @@ def serve_index(index_dir: str | Path, config: IndexConfig, *, corpus: str | Non
             _stop(proc, config.service_stop_grace_s)
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float,
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, token: str, timeout_s: float,
                   log_path: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -178,7 +180,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float,
             tail = log_tail(log_path, LOG_TAIL_LINES)
             raise ServiceError(f"the retrieval server exited with code {code} before answering "
                                f"{url}/health; last lines of {log_path}:\n{tail}")
-        health = _health(url, timeout_s=2.0)
+        health = _health(url, token, timeout_s=2.0)
         # The pid check: an answer from another server on this port is not ours.
         if health is not None and health.get("pid") == proc.pid:
             return
