@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from searchrl.config import IndexConfig
@@ -121,6 +122,48 @@ def _hotpot() -> tuple[list[str], list[str]]:
     return texts, questions
 
 
+def test_bm25_built_from_chunks_is_the_in_memory_index_bit_for_bit(tmp_path: Path) -> None:
+    # Real text plus documents with no indexable word (empty, stopwords, punctuation), in
+    # chunks of 7 and 4,000 postings a pass: the same arrays, dtypes, vocabulary, tokenizer
+    # files and params as bm25s' own build + save, and the same rankings once memory-mapped.
+    texts, questions = _hotpot()
+    texts = [*texts, "", "the of and", "!!!", texts[0]]
+    BM25Index.build(texts, k1=1.2, b=0.75).save(tmp_path / "whole")
+    n = BM25Index.build_to(tmp_path / "chunked", (texts[i:i + 7] for i in range(0, len(texts), 7)),
+                           k1=1.2, b=0.75, postings_per_pass=4_000)
+    assert n == len(texts)
+    whole, chunked = tmp_path / "whole", tmp_path / "chunked"
+    for name in ("data", "indices", "indptr"):
+        a = np.load(whole / f"{name}.csc.index.npy")
+        b = np.load(chunked / f"{name}.csc.index.npy")
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    for name in ("params.index.json", "vocab.index.json"):
+        assert json.loads((whole / name).read_text()) == json.loads((chunked / name).read_text())
+    for name in ("vocab.tokenizer.json", "stopwords.tokenizer.json"):
+        assert (whole / "tokenizer" / name).read_bytes() == \
+            (chunked / "tokenizer" / name).read_bytes()
+    assert not (chunked / ".runs").exists()
+    mapped = BM25Index.load(chunked, mmap=True)
+    assert isinstance(mapped.retriever.scores["data"], np.memmap)
+    assert mapped.search(questions, 10) == BM25Index.load(whole).search(questions, 10)
+
+
+def test_loaded_index_reads_passages_by_offset(corpus_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "idx"
+    build_index(corpus_path, out, BM25_ONLY, None, NullSink(), progress=False)
+    searcher = index_store.load_corpus_searcher(out, BM25_ONLY)
+    store = searcher.passages
+    assert isinstance(store, index_store.PassageStore) and len(store) == len(CORPUS)
+    assert [p.id for p in store] == [p["id"] for p in CORPUS]
+    assert store[-1].contents == neutralize_tags(CORPUS[-1]["contents"])
+    with pytest.raises(IndexError):
+        store[len(CORPUS)]
+    # a store written before offsets.npy existed is read the same way
+    (out / "passages" / "offsets.npy").unlink()
+    old = index_store.PassageStore(out / "passages")
+    assert list(old) == list(store)
+
+
 def test_bm25_threaded_batch_equals_one_at_a_time_and_bm25s_retrieve() -> None:
     # Real text (994 HotpotQA passages, 100 questions + a no-known-word query): the batch,
     # the threaded batch and query-by-query search agree exactly, and all equal bm25s' own
@@ -210,10 +253,10 @@ def test_interrupted_build_leaves_nothing_marked_complete(
     out = tmp_path / "idx"
     build_index(corpus_path, out, BM25_ONLY, None, NullSink(), progress=False)
 
-    def crash(*args: object, **kwargs: object) -> BM25Index:
+    def crash(*args: object, **kwargs: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(index_store.BM25Index, "build", crash)
+    monkeypatch.setattr(index_store.BM25Index, "build_to", crash)
     with pytest.raises(KeyboardInterrupt):
         build_index(corpus_path, out, BM25_ONLY.model_copy(update={"bm25_b": 0.9}), None,
                     NullSink(), progress=False)

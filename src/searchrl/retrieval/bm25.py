@@ -17,12 +17,16 @@ make the order depend on it. Figures: docs/results/retrieval_performance.md.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+import math
+import shutil
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
+from dataclasses import dataclass
+from itertools import chain, pairwise
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import bm25s
 import numpy as np
@@ -32,6 +36,9 @@ from numpy.typing import NDArray
 Ranking = list[tuple[int, float]]  # (passage row, score), best first
 
 _TOKENIZER_DIR = "tokenizer"
+_RUNS_DIR = ".runs"  # `build_to`'s spilled postings, removed when it ends
+# Postings scored and written per pass of `build_to` (~40 bytes each while in flight).
+POSTINGS_PER_PASS = 4_000_000
 # A thread gets at least this many queries: below it, starting threads costs more than the
 # scoring it spreads.
 _MIN_QUERIES_PER_THREAD = 16
@@ -68,6 +75,46 @@ class BM25Index:
         retriever.index(tokens, show_progress=False)
         return cls(retriever, tokenizer)
 
+    @classmethod
+    def build_to(cls, directory: Path, chunks: Iterable[Sequence[str]], k1: float = 0.9,
+                 b: float = 0.4, stopwords: str = "en",
+                 postings_per_pass: int = POSTINGS_PER_PASS) -> int:
+        """`build(texts).save(directory)` for texts arriving in chunks, in memory flat in
+        their number: the same files, the same arrays bit for bit (tests check this).
+        Returns the number of documents.
+
+        bm25s holds every document's token ids as Python lists and builds the matrix in
+        memory (~5 GB at 1M passages). Here each chunk is tokenised (one tokenizer, so the
+        ids are the ones a single call gives), reduced to (token, doc, tf) postings sorted by
+        token and spilled to a run file under `directory`; the column-ordered arrays are then
+        written token range by token range, each range's postings read from every run file's
+        matching slice, scored exactly as bm25s scores them, and appended to the .npy files.
+        Memory: a chunk, `postings_per_pass` postings, and the vocabulary's size in arrays.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        tokenizer = Tokenizer(stopwords=stopwords)
+        runs_dir = directory / _RUNS_DIR
+        runs_dir.mkdir()
+        try:
+            runs, df, lengths = _spill_runs(tokenizer, chunks, runs_dir)
+            n_docs = len(lengths)
+            retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
+            idf = _idf(df, n_docs)
+            _write_csc(directory, runs, df, idf, lengths, retriever, postings_per_pass)
+        finally:
+            shutil.rmtree(runs_dir, ignore_errors=True)
+        params = {"k1": retriever.k1, "b": retriever.b, "delta": retriever.delta,
+                  "method": retriever.method, "idf_method": retriever.idf_method,
+                  "dtype": retriever.dtype, "int_dtype": retriever.int_dtype,
+                  "num_docs": n_docs, "version": bm25s.__version__,
+                  "backend": retriever.backend}
+        (directory / "params.index.json").write_text(json.dumps(params, indent=4))
+        (directory / "vocab.index.json").write_text(
+            json.dumps(tokenizer.word_to_id, ensure_ascii=False), encoding="utf-8")
+        tokenizer.save_vocab(str(directory / _TOKENIZER_DIR))
+        tokenizer.save_stopwords(str(directory / _TOKENIZER_DIR))
+        return n_docs
+
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.retriever.save(str(directory), show_progress=False)
@@ -76,7 +123,11 @@ class BM25Index:
 
     @classmethod
     def load(cls, directory: Path, mmap: bool = False) -> BM25Index:
-        retriever = bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False)
+        """`mmap=True`: the score arrays stay on disk, paged in as queries touch them (a
+        wiki-scale index is ~10 GB). bm25s' own copy of the vocabulary is not loaded: queries
+        are tokenised by the saved tokenizer, which holds the same one."""
+        retriever = bm25s.BM25.load(str(directory), mmap=mmap, show_progress=False,
+                                    load_vocab=False)
         tokenizer = Tokenizer(stopwords=[])
         tokenizer.load_vocab(str(directory / _TOKENIZER_DIR))
         tokenizer.load_stopwords(str(directory / _TOKENIZER_DIR))
@@ -151,3 +202,117 @@ def _distinct_top_k(rows: NDArray[np.int64], scores: NDArray[np.floating[Any]], 
     if np.any(scores[1:] == scores[:-1]):
         return None
     return rows[:k], scores[:k]
+
+
+# --- building from chunks (`BM25Index.build_to`)
+
+@dataclass(frozen=True)
+class _Run:
+    """One chunk's postings on disk, sorted by (token, doc): .npy files tok, doc, tf."""
+
+    path: Path
+
+    def arrays(self) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.int32]]:
+        return tuple(np.load(self.path / f"{name}.npy", mmap_mode="r")  # type: ignore[return-value]
+                     for name in ("tok", "doc", "tf"))
+
+
+def _spill_runs(tokenizer: Tokenizer, chunks: Iterable[Sequence[str]], runs_dir: Path
+                ) -> tuple[list[_Run], NDArray[np.int64], NDArray[np.int64]]:
+    """Tokenise chunk by chunk into sorted run files; (runs, document frequency per token,
+    length of each document in tokens, as bm25s counts it)."""
+    runs: list[_Run] = []
+    df = np.zeros(0, dtype=np.int64)
+    lengths: list[NDArray[np.int64]] = []
+    n_docs = 0
+    for texts in chunks:
+        ids: list[list[int]] = tokenizer.tokenize(list(texts), return_as="ids",
+                                                  update_vocab=True, show_progress=False)
+        if not ids:
+            continue
+        doc_len = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(doc_len.sum()))
+        docs = np.repeat(np.arange(n_docs, n_docs + len(ids), dtype=np.int64), doc_len)
+        # unique (token, doc) pairs, sorted by token then doc, and how often each occurs
+        pairs, tf = np.unique((tokens << 32) | docs, return_counts=True)
+        tok = (pairs >> 32).astype(np.int32)
+        run = _Run(runs_dir / f"{len(runs):06d}")
+        run.path.mkdir()
+        np.save(run.path / "tok.npy", tok)
+        np.save(run.path / "doc.npy", (pairs & 0xFFFFFFFF).astype(np.int32))
+        np.save(run.path / "tf.npy", tf.astype(np.int32))
+        runs.append(run)
+        vocab = len(tokenizer.word_to_id)
+        if len(df) < vocab:
+            df = np.concatenate([df, np.zeros(vocab - len(df), dtype=np.int64)])
+        df += np.bincount(tok, minlength=len(df))
+        lengths.append(doc_len)
+        n_docs += len(ids)
+    vocab = len(tokenizer.word_to_id)
+    df = np.concatenate([df, np.zeros(vocab - len(df), dtype=np.int64)])
+    return runs, df, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+def _idf(df: NDArray[np.int64], n_docs: int) -> NDArray[np.float32]:
+    """Lucene idf per token, computed as bm25s does (math.log, then float32)."""
+    idf = np.zeros(len(df), dtype=np.float32)
+    for token in np.flatnonzero(df).tolist():
+        d = int(df[token])
+        idf[token] = math.log(1 + (n_docs - d + 0.5) / (d + 0.5))
+    return idf
+
+
+def _npy_writer(path: Path, dtype: str, length: int) -> IO[bytes]:
+    fh = path.open("wb")
+    np.lib.format.write_array_header_1_0(fh, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+        "shape": (length,)})
+    return fh
+
+
+def _write_csc(directory: Path, runs: list[_Run], df: NDArray[np.int64],
+               idf: NDArray[np.float32], lengths: NDArray[np.int64], retriever: bm25s.BM25,
+               per_pass: int) -> None:
+    """data / indices / indptr .npy files of bm25s' column-ordered score matrix (a token's
+    column holds one posting per document it occurs in: `df` of them)."""
+    indptr = np.zeros(len(idf) + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    np.save(directory / "indptr.csc.index.npy", indptr)
+    nnz = int(indptr[-1])
+    avg_doc_len = lengths.mean() if len(lengths) else np.float64(0)
+    k1, b = retriever.k1, retriever.b
+    cursors = [0] * len(runs)
+    with _npy_writer(directory / "data.csc.index.npy", retriever.dtype, nnz) as data_fh, \
+            _npy_writer(directory / "indices.csc.index.npy", retriever.int_dtype, nnz) as idx_fh:
+        start = 0
+        while start < len(idf):
+            # the tokens [start, end) whose postings fit in one pass (at least one token)
+            end = int(np.searchsorted(indptr, indptr[start] + per_pass, side="right")) - 1
+            end = min(max(end, start + 1), len(idf))
+            toks, docs, tfs = _read_range(runs, cursors, end)
+            order = np.argsort(toks, kind="stable")  # runs are in doc order: docs stay sorted
+            toks, docs, tfs = toks[order], docs[order], tfs[order]
+            # bm25s' lucene score, operation for operation (float64, then float32)
+            tf = tfs.astype(np.float32).astype(np.float64)
+            tfc = tf / (k1 * ((1 - b) + b * lengths[docs].astype(np.float64) / avg_doc_len)
+                        + tf)
+            data_fh.write((idf[toks].astype(np.float64) * tfc).astype(retriever.dtype)
+                          .tobytes())
+            idx_fh.write(docs.astype(retriever.int_dtype).tobytes())
+            start = end
+
+
+def _read_range(runs: list[_Run], cursors: list[int], end: int
+                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int32]]:
+    """Every run's postings of tokens below `end` from its cursor on (cursors advanced)."""
+    parts: list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]] = []
+    for r, run in enumerate(runs):
+        tok, doc, tf = run.arrays()
+        lo = cursors[r]
+        hi = lo + int(np.searchsorted(tok[lo:], end, side="left"))
+        parts.append((np.array(tok[lo:hi]), np.array(doc[lo:hi]), np.array(tf[lo:hi])))
+        cursors[r] = hi
+        del tok, doc, tf  # unmap: only this slice was read
+    return (np.concatenate([p[0] for p in parts]).astype(np.int64),
+            np.concatenate([p[1] for p in parts]).astype(np.int64),
+            np.concatenate([p[2] for p in parts]))

@@ -3,7 +3,8 @@
 On-disk layout, one directory per corpus (the stage directory holds one per corpus name):
 
     <corpus_dir>/passages/    passages.jsonl  ids, titles, *neutralised* contents (returned)
-    <corpus_dir>/bm25/        bm25s index + its tokenizer
+                              offsets.npy     byte offset of each line (+ the end)
+    <corpus_dir>/bm25/        bm25s index + its tokenizer (score arrays memory-mapped)
     <corpus_dir>/embeddings/  embeddings.npy  (normalised, row i = passage i)
     <corpus_dir>/faiss/       index.faiss
     <corpus_dir>/scan.json    poisoning scan report
@@ -15,6 +16,11 @@ and hash, faiss type). The manifest is written last and the directory renamed in
 a directory without a manifest is never complete; a component is reused exactly when its
 manifest key matches what the config asks for, and rebuilt otherwise. Embeddings are a
 separate component so changing only the faiss type does not re-embed the corpus.
+
+The passages and BM25 components are built from the corpus streamed in chunks
+(`CORPUS_CHUNK` passages), and a loaded index reads passages by offset and BM25 scores from
+memory-mapped arrays, so neither building nor serving holds a wiki-scale corpus in memory
+(figures: docs/results/corpus_scale.md).
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from searchrl.data.io import (
     DIR_MANIFEST,
     DataError,
     atomic_write_text,
+    atomic_writer,
     fingerprint,
+    iter_passage_chunks,
     publish_dir,
     read_manifest,
     read_passages,
@@ -57,7 +65,7 @@ from searchrl.retrieval.dense import (
     prepare_for_search,
 )
 from searchrl.retrieval.hybrid import rrf_fuse
-from searchrl.retrieval.scan import scan_corpus
+from searchrl.retrieval.scan import ScanReport, scan_corpus
 from searchrl.sinks import MetricsSink
 from searchrl.tags import neutralize_tags
 from searchrl.types import Passage, SearchHit
@@ -65,6 +73,10 @@ from searchrl.types import Passage, SearchHit
 FORMAT_VERSION = 1
 # Bump when `neutralize_tags` changes, so stored passages are re-escaped.
 NEUTRALISE_VERSION = 2
+# 2: passages.jsonl has offsets.npy beside it (read by offset, not loaded whole)
+PASSAGE_STORE_VERSION = 2
+# Passages read at once while building the passages and BM25 components.
+CORPUS_CHUNK = 50_000
 MAIN_CORPUS = "main"
 # Candidates each retriever contributes to a hybrid fusion, at least.
 HYBRID_DEPTH = 50
@@ -91,10 +103,70 @@ def load_corpus(corpus_path: Path) -> list[Passage]:
     return passages
 
 
-def _read_passage_store(directory: Path) -> list[Passage]:
-    path = directory / "passages.jsonl"
-    with path.open(encoding="utf-8") as fh:
-        return [Passage.model_validate_json(line) for line in fh if line.strip()]
+class PassageStore(Sequence[Passage]):
+    """A passages component read on demand: row i is the line at byte offsets[i] of
+    passages.jsonl (offsets.npy, memory-mapped), so a server holds 8 bytes a passage of it
+    in memory at most, not the corpus. Thread-safe (positioned reads)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "passages.jsonl"
+        offsets = directory / "offsets.npy"
+        # a store built before offsets.npy existed: one pass to find the lines
+        self.offsets = (np.load(offsets, mmap_mode="r") if offsets.is_file()
+                        else _line_offsets(self.path))
+        self._fd = os.open(self.path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, row: int) -> Passage:  # type: ignore[override]
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"passage row {row} out of range ({len(self)} passages)")
+        row %= len(self)
+        start, end = int(self.offsets[row]), int(self.offsets[row + 1])
+        return Passage.model_validate_json(os.pread(self._fd, end - start, start))
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _line_offsets(path: Path) -> np.ndarray:
+    offsets, pos = [0], 0
+    with path.open("rb") as fh:
+        for line in fh:
+            pos += len(line)
+            if line.strip():
+                offsets.append(pos)
+            else:
+                offsets[-1] = pos
+    return np.asarray(offsets, dtype=np.int64)
+
+
+def _duplicate_id_error(corpus_path: Path, hashes: np.ndarray) -> DataError | None:
+    """load_corpus' error for the first repeated id (file order), from one hash per row;
+    rows whose hashes collide are read again to compare their ids."""
+    order = np.argsort(hashes, kind="stable")
+    ranked = hashes[order]
+    same = np.zeros(len(ranked), dtype=bool)
+    same[1:] |= ranked[1:] == ranked[:-1]
+    same[:-1] |= ranked[1:] == ranked[:-1]
+    candidates = {int(r) for r in order[same]}
+    if not candidates:
+        return None
+    seen: dict[str, int] = {}
+    row = 0
+    for chunk in iter_passage_chunks(corpus_path, CORPUS_CHUNK):
+        for passage in chunk:
+            row += 1
+            if row - 1 not in candidates:
+                continue
+            if passage.id in seen:
+                return DataError(f"{corpus_path}: row {row}: field 'id': duplicate passage id "
+                                 f"{passage.id!r} (first at row {seen[passage.id]})")
+            seen[passage.id] = row
+    return None
 
 
 # --- components: build in a temp dir, manifest last, rename into place
@@ -147,7 +219,7 @@ def _remove_stale_temps(out_dir: Path) -> None:
 
 def _passages_key(corpus_fp: str) -> dict[str, Any]:
     return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp,
-            "neutralise": NEUTRALISE_VERSION}
+            "neutralise": NEUTRALISE_VERSION, "store": PASSAGE_STORE_VERSION}
 
 
 def _bm25_key(corpus_fp: str, config: IndexConfig) -> dict[str, Any]:
@@ -186,7 +258,8 @@ class LocalSearcher:
 
     def __init__(self, passages: Sequence[Passage], config: IndexConfig,
                  bm25: BM25Index | None = None, dense: DenseIndex | None = None) -> None:
-        self.passages = list(passages)
+        self.passages: Sequence[Passage] = (passages if isinstance(passages, PassageStore)
+                                            else list(passages))
         self.config = config
         self.bm25 = bm25
         self.dense = dense
@@ -223,12 +296,16 @@ class LocalSearcher:
                         self.config.hybrid_weights, top_k=top_k, k=self.config.rrf_k)
 
     def to_hits(self, rankings: list[Ranking]) -> list[list[SearchHit]]:
-        return [[SearchHit(doc_id=self.passages[row].id, title=self.passages[row].title,
-                           contents=self.passages[row].contents, score=score)
-                 for row, score in ranking] for ranking in rankings]
+        return [[_hit(self.passages[row], score) for row, score in ranking]
+                for ranking in rankings]
 
     def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
         return self.to_hits(self.rank(queries, top_k))
+
+
+def _hit(passage: Passage, score: float) -> SearchHit:
+    return SearchHit(doc_id=passage.id, title=passage.title, contents=passage.contents,
+                     score=score)
 
 
 # --- building
@@ -298,19 +375,41 @@ class _Components:
             self.out_dir / component, key, build)
 
     def _passages(self, tmp: Path) -> dict[str, Any]:
-        raw = self.corpus()
-        report = scan_corpus(raw)
-        safe = [Passage(id=p.id, title=neutralize_tags(p.title) if p.title else p.title,
-                        contents=neutralize_tags(p.contents)) for p in raw]
-        text = "".join(p.model_dump_json() + "\n" for p in safe)
-        atomic_write_text(tmp / "passages.jsonl", text)
+        """Neutralised passages + their offsets, and the poisoning scan, streamed; duplicate
+        ids and an empty corpus raise DataError (as `load_corpus`)."""
+        report = ScanReport()
+        offsets: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+        hashes: list[np.ndarray] = []  # 8 bytes a passage: ids unique without holding them
+        end = 0
+        with atomic_writer(tmp / "passages.jsonl") as fh:
+            for chunk in iter_passage_chunks(self.corpus_path, CORPUS_CHUNK):
+                scanned = scan_corpus(chunk)
+                report.passages += scanned.passages
+                report.findings.extend(scanned.findings)
+                lines = [Passage(id=p.id, title=neutralize_tags(p.title) if p.title else p.title,
+                                 contents=neutralize_tags(p.contents)).model_dump_json()
+                         .encode() + b"\n" for p in chunk]
+                fh.write(b"".join(lines))
+                ends = end + np.cumsum([len(line) for line in lines], dtype=np.int64)
+                offsets.append(ends)
+                end = int(ends[-1])
+                hashes.append(np.fromiter((hash(p.id) for p in chunk), dtype=np.int64,
+                                          count=len(chunk)))
+        if report.passages == 0:
+            raise DataError(f"{self.corpus_path}: corpus has no passages")
+        duplicate = _duplicate_id_error(self.corpus_path, np.concatenate(hashes))
+        if duplicate is not None:
+            raise duplicate
+        np.save(tmp / "offsets.npy", np.concatenate(offsets))
         atomic_write_text(tmp / "scan.json", json.dumps(report.to_dict(), indent=2))
-        return {"passages": len(safe), "corpus_path": str(self.corpus_path)}
+        return {"passages": report.passages, "corpus_path": str(self.corpus_path)}
 
     def _bm25(self, tmp: Path) -> dict[str, Any]:
         config = self.config
-        BM25Index.build([p.contents for p in self.corpus()], k1=config.bm25_k1,
-                        b=config.bm25_b, stopwords=config.bm25_stopwords).save(tmp)
+        texts = ([p.contents for p in chunk]
+                 for chunk in iter_passage_chunks(self.corpus_path, CORPUS_CHUNK))
+        BM25Index.build_to(tmp, texts, k1=config.bm25_k1, b=config.bm25_b,
+                           stopwords=config.bm25_stopwords)
         return {}
 
     def _embeddings(self, tmp: Path) -> dict[str, Any]:
@@ -477,8 +576,8 @@ def load_corpus_searcher(corpus_dir: Path, config: IndexConfig,
         raise IndexStoreError(f"{corpus_dir}: index.retriever={config.retriever} needs "
                           f"{sorted(needed)} but only {sorted(built)} were built; rebuild with "
                           f"this config")
-    passages = _read_passage_store(corpus_dir / "passages")
-    bm25 = BM25Index.load(corpus_dir / "bm25") if "bm25" in built else None
+    passages = PassageStore(corpus_dir / "passages")
+    bm25 = BM25Index.load(corpus_dir / "bm25", mmap=True) if "bm25" in built else None
     dense = None
     if "dense" in built:
         if manifest.get("encoder") != config.encoder:
