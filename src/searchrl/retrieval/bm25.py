@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import chain, pairwise
+from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any
 
@@ -225,14 +225,11 @@ def _spill_runs(tokenizer: Tokenizer, chunks: Iterable[Sequence[str]], runs_dir:
     df = np.zeros(0, dtype=np.int64)
     lengths: list[NDArray[np.int64]] = []
     n_docs = 0
+    vocab = _Vocabulary(tokenizer)
     for texts in chunks:
-        ids: list[list[int]] = tokenizer.tokenize(list(texts), return_as="ids",
-                                                  update_vocab=True, show_progress=False)
-        if not ids:
+        if not texts:
             continue
-        doc_len = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(doc_len.sum()))
-        docs = np.repeat(np.arange(n_docs, n_docs + len(ids), dtype=np.int64), doc_len)
+        tokens, docs, doc_len = vocab.tokenize(texts, n_docs)
         # unique (token, doc) pairs, sorted by token then doc, and how often each occurs
         pairs, tf = np.unique((tokens << 32) | docs, return_counts=True)
         tok = (pairs >> 32).astype(np.int32)
@@ -242,15 +239,69 @@ def _spill_runs(tokenizer: Tokenizer, chunks: Iterable[Sequence[str]], runs_dir:
         np.save(run.path / "doc.npy", (pairs & 0xFFFFFFFF).astype(np.int32))
         np.save(run.path / "tf.npy", tf.astype(np.int32))
         runs.append(run)
-        vocab = len(tokenizer.word_to_id)
-        if len(df) < vocab:
-            df = np.concatenate([df, np.zeros(vocab - len(df), dtype=np.int64)])
+        if len(df) < vocab.size:
+            df = np.concatenate([df, np.zeros(vocab.size - len(df), dtype=np.int64)])
         df += np.bincount(tok, minlength=len(df))
         lengths.append(doc_len)
-        n_docs += len(ids)
-    vocab = len(tokenizer.word_to_id)
-    df = np.concatenate([df, np.zeros(vocab - len(df), dtype=np.int64)])
+        n_docs += len(texts)
+    vocab.finish()
+    df = np.concatenate([df, np.zeros(vocab.size - len(df), dtype=np.int64)])
     return runs, df, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+class _Vocabulary:
+    """bm25s' `Tokenizer.tokenize(texts, update_vocab=True)` ids, computed in bulk.
+
+    Same rules (lower-case, the splitter's words, a known word's id, a stopword dropped, a new
+    word the next id, a document without words the empty token), same ids in the same order;
+    the per-word Python loop becomes one C-level dict lookup per word, with stopwords in the
+    lookup as -1, and a Python step only for words not seen before. `finish` leaves the
+    tokenizer's `word_to_id` as bm25s would have (no stopwords, same order).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        if tokenizer.stemmer is not None or not tokenizer.lower or tokenizer.word_to_id:
+            raise ValueError("_Vocabulary reproduces a fresh lower-casing tokenizer without "
+                             "a stemmer")
+        self.tokenizer = tokenizer
+        self.lookup: dict[str, int] = {"": 0}  # bm25s adds the empty token first
+        for word in tokenizer.stopwords or ():
+            self.lookup.setdefault(word, -1)
+        self.size = 1
+
+    def tokenize(self, texts: Sequence[str], first_doc: int
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """(token ids, their documents, each document's length) of the kept tokens."""
+        split, get = self.tokenizer.splitter, self.lookup.get
+        words: list[str] = []
+        per_doc = np.empty(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            found = split(text.lower()) or [""]
+            per_doc[i] = len(found)
+            words.extend(found)
+        ids = list(map(get, words))
+        if None in ids:
+            for k, word in enumerate(words):
+                if ids[k] is None:
+                    known = get(word)
+                    if known is None:
+                        known = self.lookup[word] = self.size
+                        self.size += 1
+                    ids[k] = known
+        tokens = np.array(ids, dtype=np.int64)
+        docs = np.repeat(np.arange(first_doc, first_doc + len(texts), dtype=np.int64), per_doc)
+        kept = tokens >= 0
+        tokens, docs = tokens[kept], docs[kept]
+        doc_len = np.bincount(docs - first_doc, minlength=len(texts)).astype(np.int64)
+        empty = np.flatnonzero(doc_len == 0)
+        if len(empty):  # only stopwords: the empty token, as bm25s
+            tokens = np.concatenate([tokens, np.zeros(len(empty), dtype=np.int64)])
+            docs = np.concatenate([docs, empty + first_doc])
+            doc_len[empty] = 1
+        return tokens, docs, doc_len
+
+    def finish(self) -> None:
+        self.tokenizer.word_to_id = {w: i for w, i in self.lookup.items() if i >= 0}
 
 
 def _idf(df: NDArray[np.int64], n_docs: int) -> NDArray[np.float32]:

@@ -76,14 +76,39 @@ def _excerpt(text: str, start: int, end: int, width: int = 60) -> str:
     return text[max(0, start - width): end + width].replace("\n", " ")
 
 
+# Words one of which each injection pattern cannot match without (lower case): a passage
+# holding none is not searched with it. The regexes cost ~20 us a passage, minutes a
+# wiki-scale corpus; the word test a fraction of that, and most passages hold none.
+_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "ignore_instructions": ("ignore", "disregard", "forget", "override"),
+    "role_override": ("you are now", "act as ", "new instruction"),
+    "system_prompt": ("system", "assistant"),
+    "answer_steering": ("answer", "respond", "reply"),
+    "search_steering": ("search",),
+}
+# Non-ASCII characters that re.IGNORECASE matches to an ASCII letter (all of them: checked
+# over every code point by the tests) and str.lower() does not turn into it.
+_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u212a": "k", "\u017f": "s"})
+
+
+def _folded(text: str) -> str:
+    if not text.isascii() and any(c in text for c in "\u0130\u0131\u212a\u017f"):
+        text = text.translate(_FOLD)
+    return text.lower()
+
+
 def scan_passage(passage: Passage) -> list[Finding]:
     """All findings for one passage (title and contents both checked)."""
     findings: list[Finding] = []
     text = f"{passage.title or ''}\n{passage.contents}"
-    for m in TAG_LIKE.finditer(text):
-        findings.append(Finding(passage.id, "tag", m.group(0),
-                                _excerpt(text, m.start(), m.end())))
+    if "<" in text:  # every TAG_LIKE match starts with one
+        for m in TAG_LIKE.finditer(text):
+            findings.append(Finding(passage.id, "tag", m.group(0),
+                                    _excerpt(text, m.start(), m.end())))
+    folded = _folded(text)
     for name, pattern in _INJECTION_PATTERNS:
+        if not any(word in folded for word in _TRIGGERS[name]):
+            continue
         hit = pattern.search(text)
         if hit is not None:
             findings.append(Finding(passage.id, "injection", name,
