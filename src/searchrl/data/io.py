@@ -89,6 +89,11 @@ def _parse_jsonl_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any] | B
 
 
 def _has_float(row: dict[str, Any]) -> bool:
+    for value in row.values():  # the usual row: strings only, no walk
+        if type(value) is not str:
+            break
+    else:
+        return False
     stack: list[Any] = [row]
     while stack:
         value = stack.pop()

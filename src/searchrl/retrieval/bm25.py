@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -249,6 +250,10 @@ def _spill_runs(tokenizer: Tokenizer, chunks: Iterable[Sequence[str]], runs_dir:
     return runs, df, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
 
 
+_BM25S_SPLITTER = r"(?u)\b\w\w+\b"  # bm25s' default Tokenizer splitter
+_RUNS_OF_2 = re.compile(r"\w\w+")
+
+
 class _Vocabulary:
     """bm25s' `Tokenizer.tokenize(texts, update_vocab=True)` ids, computed in bulk.
 
@@ -273,6 +278,11 @@ class _Vocabulary:
                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
         """(token ids, their documents, each document's length) of the kept tokens."""
         split, get = self.tokenizer.splitter, self.lookup.get
+        if getattr(split, "__self__", None) is not None and \
+                split.__self__.pattern == _BM25S_SPLITTER:
+            # the same words: a greedy run of 2+ word characters can only start where a run
+            # starts, so the word boundaries are implied (a quarter faster)
+            split = _RUNS_OF_2.findall
         words: list[str] = []
         per_doc = np.empty(len(texts), dtype=np.int64)
         for i, text in enumerate(texts):
