@@ -206,6 +206,10 @@ class ValidateConfig(_Section):
     SHAPES = shapes("validate_gold_labels")
 
     max_quarantine_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    # A QA set or corpus whose added + removed + changed rows pass this share of the reference
+    # gold set's (the champion's, else the last validated one) is a warning in the audit
+    # report and the `drift_warnings` metric (searchrl.contracts.drift); it never fails a run.
+    drift_warn_fraction: float = Field(0.1, ge=0.0)
     # Steward decisions (accept / correct a flagged row); None -> no overrides.
     overrides_path: Path | None = Path("data_contracts/overrides.yaml")
     contracts_dir: Path = Path("data_contracts")
@@ -697,6 +701,10 @@ class TrainConfig(_Section):
     # beaten the best (0: always run `steps`). The best policy is what is evaluated either
     # way; stopping saves the steps after it, at the risk of a later, better evaluation.
     early_stop_patience: int = Field(0, ge=0)
+    # What GRPO starts from: `base` the configured base model through the cold start (the
+    # recipe), `champion` the registry's champion policy (eval.registry_model_name @
+    # eval.champion_alias; its version enters the stage's key). Fails when none is registered.
+    init: Literal["base", "champion"] = "base"
     sft: SFTConfig = SFTConfig()
     launch: LaunchConfig = LaunchConfig()
 
@@ -774,7 +782,8 @@ class EvalConfig(_Section):
     bootstrap_samples: int = Field(1000, ge=100)
     confidence_level: float = Field(0.95, gt=0.0, lt=1.0)
     batch_size: int = Field(32, ge=1)  # questions per rollout batch; latency is per batch
-    registry_model_name: str = "searchrl-policy"
+    # None: `searchrl-<run.name>`, so another pipeline's champion is never compared with.
+    registry_model_name: str | None = None
     champion_alias: str = "champion"
     # Label-noise audit: minimum geometric-mean probability of the answering turn; the
     # similarity from which a wrong answer is a near-miss of the gold (tier policy_error);
@@ -821,6 +830,9 @@ class GateConfig(_Section):
     allow_stand_in_comparator: bool = False
     min_accuracy_margin: float = 0.05
     max_payback_months: float = 6.0
+    # Non-inferiority: GO needs the paired EM delta vs the registry's champion to have its
+    # lower bound >= -champion_margin (a GO never replaces a stronger champion).
+    champion_margin: float = Field(0.02, ge=0.0)
     registry_alias: str = "champion"
     payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
     # Trainer metrics plotted as the training curve (a key matches `m`, `*/m` or `*.m`).
@@ -853,6 +865,11 @@ class PipelineConfig(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def registry_model_name(self) -> str:
+        """The registered model's name: eval.registry_model_name, else `searchrl-<run.name>`."""
+        return self.eval.registry_model_name or f"searchrl-{self.run.name}"
 
     def inputs_of(self, result: str) -> dict[str, Any]:
         """The config values `result` (a stage or a `BUILT_BY` artifact) depends on, nested as

@@ -7,7 +7,13 @@ import math
 
 import pytest
 
-from searchrl.gate.payback import CostInputs, GateInputs, GateThresholds, decide
+from searchrl.gate.payback import (
+    ChampionInputs,
+    CostInputs,
+    GateInputs,
+    GateThresholds,
+    decide,
+)
 
 COSTS = CostInputs(gpu_type="H100", gpu_price_per_hour=2.5, training_gpu_hours=40.0,
                    production_queries_per_month=100_000, small_tokens_per_query=800,
@@ -28,7 +34,8 @@ def _failed(inputs: GateInputs, t: GateThresholds = T) -> set[str]:
 def test_all_conditions_met_is_go_with_reasons() -> None:
     result = decide(PASSING, T)
     assert result.go and result.label == "GO"
-    assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "payback"]
+    assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "champion",
+                                                       "payback"]
     assert result.payback is not None
 
 
@@ -68,9 +75,11 @@ def test_no_saving_is_no_go() -> None:
 def test_every_failed_condition_is_named() -> None:
     bad = dataclasses.replace(PASSING, gold_pairs=10, accuracy_delta=-0.1,
                               accuracy_delta_lo=-0.2, accuracy_delta_hi=0.0,
-                              costs=dataclasses.replace(COSTS, training_gpu_hours=1e6))
+                              costs=dataclasses.replace(COSTS, training_gpu_hours=1e6),
+                              champion=ChampionInputs("1", -0.2, -0.3, -0.1))
     result = decide(bad, T)
-    assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "payback"]
+    assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "champion",
+                                                       "payback"]
 
 
 @pytest.mark.parametrize("field", ["accuracy_delta", "accuracy_delta_lo", "accuracy_delta_hi"])
@@ -99,3 +108,29 @@ def test_missing_gold_pairs_fails_closed() -> None:
 def test_non_finite_threshold_fails_closed() -> None:
     result = decide(PASSING, dataclasses.replace(T, min_accuracy_margin=math.nan))
     assert not result.go
+
+
+def test_no_champion_yet_passes_stated() -> None:
+    result = decide(PASSING, T)
+    check = next(c for c in result.checks if c.name == "champion")
+    assert check.passed and "no champion yet" in check.detail
+
+
+def test_a_go_never_replaces_a_stronger_champion() -> None:
+    # Beats the frontier comfortably, but may be 5 points worse than the champion.
+    worse = dataclasses.replace(PASSING, champion=ChampionInputs("3", -0.02, -0.05, 0.01))
+    result = decide(worse, T)
+    assert not result.go and {c.name for c in result.failed} == {"champion"}
+    assert "version 3" in result.reasons[0] and "gate.champion_margin" in result.reasons[0]
+    # Within the margin (lower bound -0.02 >= -0.02): non-inferior, GO.
+    close = dataclasses.replace(PASSING, champion=ChampionInputs("3", 0.0, -0.02, 0.02))
+    assert _failed(close) == set()
+    wider = dataclasses.replace(T, champion_margin=0.06)
+    assert _failed(worse, wider) == set()
+
+
+def test_a_registered_champion_that_was_not_evaluated_fails_closed() -> None:
+    missing = dataclasses.replace(PASSING, champion=ChampionInputs("2", problem="not run"))
+    assert _failed(missing) == {"champion"}
+    nan = dataclasses.replace(PASSING, champion=ChampionInputs("2", math.nan, math.nan, 0.1))
+    assert _failed(nan) == {"champion"}

@@ -106,3 +106,31 @@ def test_the_report_says_when_training_stopped_early(tmp_path: Path) -> None:
         "Evaluated and registered on GO: the best dev checkpoint by dev_em, step 60 (dev_em "
         "0.633); the last step was step 100 (dev_em 0.510), where training stopped early "
         "(train.early_stop_patience dev evaluations in a row without a new best).")
+
+
+def test_go_needs_non_inferiority_to_the_champion_on_the_same_questions(tmp_path: Path) -> None:
+    """With eval.frontier the accuracy condition only compares with the frontier: a policy
+    far above the frontier but below the champion is still a NO-GO (champion)."""
+    ev = _eval(tmp_path, {FRONTIER: 0.2, "champion": 0.8, TRAINED: 0.6})
+    result, report = build_gate(_config(frontier=True), ev, gold_pairs=500, stages=STAGES,
+                                training_curve={}, champion_version="4")
+    assert not result.go and [c.name for c in result.failed] == ["champion"]
+    assert "version 4" in report.champion and "gate.champion_margin" in report.champion
+    assert 'id="champion"' in render_html(report) and "**Champion: version 4" in \
+        render_markdown(report)
+    ev = _eval(tmp_path, {FRONTIER: 0.2, "champion": 0.6, TRAINED: 0.6})
+    result, _ = build_gate(_config(frontier=True), ev, gold_pairs=500, stages=STAGES,
+                           training_curve={}, champion_version="4")
+    assert result.go, result.reasons
+
+
+def test_no_champion_yet_is_stated_and_a_skipped_registered_one_fails(tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {FRONTIER: 0.2, TRAINED: 0.6})
+    result, report = build_gate(_config(frontier=True), ev, gold_pairs=500, stages=STAGES,
+                                training_curve={})
+    assert result.go and "none registered yet" in report.champion
+    assert "train.init=base" in report.start
+    result, report = build_gate(_config(frontier=True), ev, gold_pairs=500, stages=STAGES,
+                                training_curve={}, champion_version="2")
+    assert [c.name for c in result.failed] == ["champion"]
+    assert "re-run evaluate_policy" in report.champion

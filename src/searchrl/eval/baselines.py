@@ -77,7 +77,7 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
         elif name == "champion":
             if champion_dir is None:
                 notes.append("baseline champion skipped: no policy registered under "
-                             f"{config.eval.registry_model_name}@{config.eval.champion_alias}")
+                             f"{config.registry_model_name}@{config.eval.champion_alias}")
                 continue
             specs.append(SystemSpec(name, champion_dir, "agentic",
                                     "registry champion, agentic loop"))

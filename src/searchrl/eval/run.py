@@ -71,7 +71,8 @@ from searchrl.generation.openai_compat import (
 )
 from searchrl.paths import safe_filename
 from searchrl.retrieval.base import Searcher
-from searchrl.retrieval.index_store import load_corpus_searcher, load_searcher, resolve_corpus
+from searchrl.retrieval.index_store import load_corpus_searcher, resolve_corpus
+from searchrl.retrieval.provider import SearcherProvider
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rewards import exact_match, f1
 from searchrl.rl.rollout import run_rollouts
@@ -314,7 +315,8 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
                    extra_sets: Mapping[str, str | Path] | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
                    train_path: str | Path | None = None,
-                   selection: Mapping[str, Any] | None = None) -> EvalResult:
+                   selection: Mapping[str, Any] | None = None,
+                   searchers: SearcherProvider | None = None) -> EvalResult:
     """Evaluate the trained policy and the configured baselines on `eval_path` (searched in
     the main corpus), then on each extra eval set (name -> QA file, searched in the corpus
     indexed under `<index_dir>/<name>`, at most `eval.max_questions_per_set` questions),
@@ -337,12 +339,12 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
         # importable without it (tests/unit/test_architecture.py).
         from searchrl.tracking import download_registered_policy
 
-        got = download_registered_policy(tracking_uri, config.eval.registry_model_name,
+        got = download_registered_policy(tracking_uri, config.registry_model_name,
                                          config.eval.champion_alias, out_dir / "champion")
         champion_dir = str(got) if got is not None else None
     systems, notes = plan_systems(config.eval.baselines, policy_dir=policy_dir,
                                   sft_dir=sft_dir, champion_dir=champion_dir, config=config)
-    searcher = load_searcher(Path(index_dir), config.index)
+    searcher = (searchers or SearcherProvider(config.index)).searcher(index_dir)
     main = _evaluate_systems(examples, systems, searcher, config, out_dir,
                              eval_set=f"{config.eval.split}:{Path(eval_path).name}",
                              notes=notes, progress=progress)

@@ -19,6 +19,9 @@ Gate: GO only if every condition holds:
     accuracy  accuracy_delta >= min_accuracy_margin and the delta's interval lies above zero,
               measured against the frontier system itself (a stand-in passes only when
               allowed, and a comparator that was not fully measured never does)
+    champion  not worse than the registry's current champion on the same questions: the
+              paired EM delta's lower bound >= -champion_margin (passes, stated, when no
+              champion is registered yet; fails when one is but was not evaluated)
     payback   payback_months <= max_payback_months
 
 Fail closed: a missing (None) or non-finite input, or a negative count/price, fails the
@@ -170,6 +173,7 @@ class GateThresholds:
     min_gold_pairs: int
     min_accuracy_margin: float
     max_payback_months: float
+    champion_margin: float = 0.02  # how much worse than the champion a GO may be (lower bound)
 
 
 @dataclass(frozen=True)
@@ -185,11 +189,25 @@ class GateInputs:
     comparator: Literal["frontier", "stand-in"] = "stand-in"
     allow_stand_in: bool = False
     comparator_problem: str | None = None  # why the comparator was not fully measured
+    champion: ChampionInputs | None = None  # None: no champion registered yet
+
+
+@dataclass(frozen=True)
+class ChampionInputs:
+    """The registry's current champion: its version, and the trained policy's paired EM
+    delta against it on the same questions (None when it was not evaluated, with `problem`
+    saying why)."""
+
+    version: str
+    delta: float | None = None
+    delta_lo: float | None = None
+    delta_hi: float | None = None
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # data | accuracy | payback
+    name: str  # data | accuracy | champion | payback | training
     passed: bool
     detail: str
 
@@ -265,6 +283,27 @@ def _check_accuracy(inputs: GateInputs, t: GateThresholds) -> Check:
                  f"zero{allowed}")
 
 
+def _check_champion(inputs: GateInputs, t: GateThresholds) -> Check:
+    """Non-inferiority: a GO never replaces a stronger champion."""
+    c = inputs.champion
+    if c is None:
+        return Check("champion", True, "no champion yet: nothing registered to be worse than")
+    name = f"champion (version {c.version})"
+    if c.problem:
+        return Check("champion", False, f"{name} not compared: {c.problem}")
+    d, lo, hi = c.delta, c.delta_lo, c.delta_hi
+    if not (_finite(d) and _finite(lo) and _finite(hi)):
+        return Check("champion", False, f"EM delta vs {name} is missing or not finite "
+                                        f"(delta={d!r}, interval=[{lo!r}, {hi!r}])")
+    assert d is not None and lo is not None and hi is not None
+    ok = lo >= -t.champion_margin
+    rel = ">=" if ok else "<"
+    detail = (f"EM delta vs {name} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]: lower bound {rel} "
+              f"-{t.champion_margin:.3f} (gate.champion_margin)")
+    return Check("champion", ok, detail + ("" if ok else ": the candidate may be worse than "
+                                                         "the current champion"))
+
+
 def _check_payback(payback: PaybackResult | None, error: str | None,
                    t: GateThresholds) -> Check:
     if payback is None:
@@ -291,6 +330,7 @@ def decide(inputs: GateInputs, thresholds: GateThresholds) -> GateResult:
         payback, error = None, str(exc)
     checks: tuple[Check, ...] = (_check_data(inputs, thresholds),
                                  _check_accuracy(inputs, thresholds),
+                                 _check_champion(inputs, thresholds),
                                  _check_payback(payback, error, thresholds))
     # Invalid thresholds cannot produce a GO either.
     bad_thresholds = [k for k, v in asdict(thresholds).items() if not _finite(v)]

@@ -73,6 +73,10 @@ class ReportInputs:
     # The decision box too: steps that updated the policy and those skipped, or that
     # training changed nothing (gate.report.TrainingSteps.sentence); "" when not known.
     training: str = ""
+    # The decision box: the non-inferiority condition against the registry's champion, and
+    # what training started from (train.init).
+    champion: str = ""
+    start: str = ""
     frontier_tokens_source: str = "assumed"
     # Eval split by the first search's top-1 retriever score (metrics.by_confidence) with the
     # tercile cut points; the label-noise audit of sampled train questions (0: not run).
@@ -435,7 +439,7 @@ def _headline(r: ReportInputs) -> list[str]:
 def render_markdown(r: ReportInputs) -> str:
     lines = [f"# {r.title}", ""]
     head = _headline(r)
-    boxed = (r.comparator, r.policy_selection, r.training)
+    boxed = (r.comparator, r.champion, r.start, r.policy_selection, r.training)
     lines += [head[0], ""] + [f"**{x}**" for x in boxed if x]
     lines += [""] * any(boxed)
     lines += [head[1], ""] + ([head[2], ""] if head[2] else [])
@@ -484,6 +488,8 @@ def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
         f"<h1>{esc(r.title)}</h1>"
         f'<div id="decision" class="decision {klass}">{esc(r.gate.label)}</div>'
         + (f'<p id="comparator"><b>{esc(r.comparator)}</b></p>' if r.comparator else "")
+        + (f'<p id="champion"><b>{esc(r.champion)}</b></p>' if r.champion else "")
+        + (f'<p id="train-start"><b>{esc(r.start)}</b></p>' if r.start else "")
         + (f'<p id="policy-selection"><b>{esc(r.policy_selection)}</b></p>'
            if r.policy_selection else "")
         + (f'<p id="training"><b>{esc(r.training)}</b></p>' if r.training else "")

@@ -21,6 +21,7 @@ from searchrl.eval.baselines import FRONTIER, TRAINED
 from searchrl.eval.metrics import Interval, Summary
 from searchrl.eval.results import EvalResult
 from searchrl.gate.payback import (
+    ChampionInputs,
     Check,
     CostInputs,
     GateInputs,
@@ -171,6 +172,50 @@ def comparator_of(config: PipelineConfig, evaluation: EvalResult) -> Comparator:
         sentence += f" INCOMPLETE: {incomplete}."
     return Comparator(FRONTIER, "frontier", sentence, incomplete, s.tokens_per_query, price,
                       "measured: endpoint usage, the prompt re-sent every turn")
+
+
+CHAMPION = "champion"  # the baseline name of the registry's champion (eval.baselines)
+
+
+def champion_inputs(config: PipelineConfig, evaluation: EvalResult,
+                    registered: str | None) -> ChampionInputs | None:
+    """What the non-inferiority condition compares: the champion's paired delta from the
+    evaluation, or why it is missing. `registered` is the version the registry's champion
+    alias points at (None: none registered, or no registry reachable)."""
+    delta = evaluation.deltas.get(CHAMPION)
+    if delta is not None:
+        return ChampionInputs(registered or "evaluated", delta.mean, delta.lo, delta.hi)
+    if registered is None:
+        return None
+    if CHAMPION not in config.eval.baselines:
+        why = "eval.baselines omits champion: add it and re-run evaluate_policy"
+    else:
+        why = ("the evaluation has no champion system (it ran before this champion was "
+               "registered): re-run evaluate_policy")
+    return ChampionInputs(registered, problem=why)
+
+
+def champion_sentence(champion: ChampionInputs | None, margin: float) -> str:
+    """For the decision box."""
+    if champion is None:
+        return ("Champion: none registered yet, so the non-inferiority condition has nothing "
+                "to compare with (passes).")
+    if champion.problem:
+        return f"Champion: version {champion.version}, NOT compared: {champion.problem}."
+    return (f"Champion: version {champion.version}, measured on the same questions; GO requires "
+            f"the paired EM delta's lower bound >= -{margin:.3f} (gate.champion_margin), so a "
+            "GO never replaces a stronger champion.")
+
+
+def start_sentence(config: PipelineConfig) -> str:
+    """What training started from (train.init), and so what the charged cost covers."""
+    if config.train.init == "champion":
+        return (f"Training continued from the registry's champion "
+                f"({config.registry_model_name}@{config.eval.champion_alias}, train.init="
+                "champion): the cost charged is this run's continuation only, not the "
+                "champion's own training.")
+    return ("Training started from the configured base model through the cold start "
+            "(train.init=base): the cost charged is the whole recipe.")
 
 
 def selection_sentence(selection: Mapping[str, Any]) -> str:
@@ -349,9 +394,11 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                volume: TrainingVolume = TrainingVolume(None, None),
                cost_notes: Sequence[str] = (),
                training: TrainingSteps | None = None,
+               champion_version: str | None = None,
                ) -> tuple[GateResult, ReportInputs]:
     """Assemble the gate inputs (config first, measurements where config leaves None).
-    With `training`, a run whose evaluated policy no step updated is a NO-GO (`training`)."""
+    With `training`, a run whose evaluated policy no step updated is a NO-GO (`training`).
+    `champion_version`: the registry's current champion (None: none registered)."""
     g = config.gate
     notes: list[str] = list(evaluation.notes)
     comparator = comparator_of(config, evaluation)
@@ -374,13 +421,16 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
         frontier_price_per_1k_tokens=comparator.price_per_1k_tokens)
     thresholds = GateThresholds(min_gold_pairs=g.min_gold_pairs,
                                 min_accuracy_margin=g.min_accuracy_margin,
-                                max_payback_months=g.max_payback_months)
+                                max_payback_months=g.max_payback_months,
+                                champion_margin=g.champion_margin)
+    champion = champion_inputs(config, evaluation, champion_version)
     result = decide(GateInputs(gold_pairs=gold_pairs, accuracy_delta=delta.mean,
                                accuracy_delta_lo=delta.lo, accuracy_delta_hi=delta.hi,
                                comparison_baseline=baseline, costs=costs,
                                comparator=comparator.kind,
                                allow_stand_in=g.allow_stand_in_comparator,
-                               comparator_problem=comparator.problem), thresholds)
+                               comparator_problem=comparator.problem,
+                               champion=champion), thresholds)
     if training is not None:
         check = training.check()
         result = GateResult(go=result.go and check.passed, checks=(*result.checks, check),
@@ -408,6 +458,7 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
         eval_columns=_eval_columns(evaluation, order, main), main_split=main,
         stage_costs=tuple(stages), projection=projection, device_unit=unit, cost_basis=basis,
         comparator=comparator.sentence, policy_selection=selection_sentence(selection),
+        champion=champion_sentence(champion, g.champion_margin), start=start_sentence(config),
         training=training.sentence() if training is not None else "",
         frontier_tokens_source=comparator.tokens_source,
         by_confidence={n: evaluation.systems[n].by_confidence for n in order
@@ -503,7 +554,8 @@ def decision_figures(result: GateResult, report: ReportInputs) -> dict[str, floa
 def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: Path, *,
                       gold_pairs: int | None, stages: Sequence[StageCost],
                       metrics_path: str | Path | None,
-                      cost_notes: Sequence[str] = ()) -> GateOutcome:
+                      cost_notes: Sequence[str] = (),
+                      champion_version: str | None = None) -> GateOutcome:
     """Decide, render, write. decision.json is removed first and written last."""
     out_dir.mkdir(parents=True, exist_ok=True)
     decision_path = out_dir / "decision.json"
@@ -513,7 +565,8 @@ def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: P
     training = training_steps(metrics_path, selected if isinstance(selected, int) else None)
     result, report = build_gate(config, evaluation, gold_pairs=gold_pairs, stages=stages,
                                 training_curve=curve, volume=training_volume(metrics_path),
-                                cost_notes=cost_notes, training=training)
+                                cost_notes=cost_notes, training=training,
+                                champion_version=champion_version)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     atomic_write_text(html_path, render_html(report))
     atomic_write_text(md_path, render_markdown(report))
@@ -526,6 +579,9 @@ def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: P
                         "problem": comparator.problem, "text": comparator.sentence,
                         "stand_in_allowed": config.gate.allow_stand_in_comparator},
          "policy_selection": evaluation.policy_selection,
+         "champion": {"version": champion_version, "margin": config.gate.champion_margin,
+                      "text": report.champion},
+         "train_init": config.train.init,
          "cost_basis": report.cost_basis, "device_unit": report.device_unit,
          "stages": [{"stage": c.stage, "seconds": c.seconds, "devices": c.devices}
                     for c in report.stage_costs],
