@@ -36,7 +36,7 @@ from searchrl.train.errors import TrainingError
 from searchrl.train.sft import save_policy
 
 if TYPE_CHECKING:
-    from searchrl.train.grpo import TrainerState, TrainResult
+    from searchrl.train.state import TrainerState, TrainResult
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from searchrl.train.seeds import rollout_seed
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
 
 if TYPE_CHECKING:
-    from searchrl.train.grpo import TrainerState
+    from searchrl.train.state import TrainerState
 
 Rows = tuple[int, int]  # [start, stop) rows of the packed batch
 _TOTALS = ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max_abs_dev",
