@@ -23,9 +23,10 @@ from searchrl.data.io import known_sha256
 
 # Packages whose version can change a stage's numbers (models, kernels, tokenisers, indexes,
 # contracts); the rest (prefect, mlflow, tqdm, ...) only change how a result is reported.
+# (faiss-gpu installs as faiss-gpu-cu12: the `gpu` extra's distribution name.)
 RESULT_PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "bm25s", "faiss-cpu",
-                   "faiss-gpu", "sentence-transformers", "numpy", "great-expectations", "vllm",
-                   "pydantic")
+                   "faiss-gpu", "faiss-gpu-cu12", "sentence-transformers", "numpy",
+                   "great-expectations", "vllm", "pydantic")
 
 
 def package_versions(names: Iterable[str] = RESULT_PACKAGES) -> dict[str, str]:
