@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from searchrl.config import PipelineConfig
+from searchrl.contracts.drift import history_dir, keep_digest
 from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.stage import run_curriculum
@@ -38,7 +39,8 @@ from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
 from searchrl.paths import StagePaths
-from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
+from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes
+from searchrl.retrieval.provider import SearcherProvider, searchers_for
 from searchrl.sinks import MetricsSink, NullSink
 from searchrl.train.checkpoint import checkpoint_dir_lock
 from searchrl.train.cold_start import cold_start
@@ -150,7 +152,8 @@ def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRe
         extra_corpora=extra, extra_evals=evals,
         files=files_of(*paths.values(), *evals.values(), result.corpus_path, *extra.values()),
         mlflow_run_id=sink.run_id,
-        report_path=str(result.report_html) if result.report_html else None), out_dir)
+        report_path=str(result.report_html) if result.report_html else None,
+        digest_dir=str(result.digest_dir) if result.digest_dir else None), out_dir)
 
 
 def _validation_inputs(config: PipelineConfig) -> str:
@@ -210,7 +213,8 @@ def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) 
 
 
 def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                      sink: MetricsSink) -> CurriculumRef:
+                      sink: MetricsSink, *, searchers: SearcherProvider | None = None
+                      ) -> CurriculumRef:
     """The cold-start policy (into train_policy/sft, reused by training), its difficulty
     estimate per question, zero-variance questions dropped, the rest ordered."""
     started = time.perf_counter()
@@ -218,7 +222,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     _begin(paths.curriculum_dir)
     train_path = Path(dataset.paths["train"])
     sink.log_params(config.to_dict()["curriculum"])
-    searcher = load_searcher(Path(index.index_dir), config.index)
+    searcher = searchers_for(config, searchers).searcher(index.index_dir)
     sft_dir = cold_start(config, read_qa(train_path), read_passages(dataset.corpus_path),
                          searcher, paths.train_dir / "sft", sink)
     result = run_curriculum(config, train_path, sft_dir, searcher, paths.curriculum_dir)
@@ -239,7 +243,8 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
 
 
 def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                 curriculum: CurriculumRef | None, sink: MetricsSink) -> CheckpointRef:
+                 curriculum: CurriculumRef | None, sink: MetricsSink, *,
+                 searchers: SearcherProvider | None = None) -> CheckpointRef:
     """GRPO on the curriculum-ordered set (the validated train split without one).
 
     Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), best_policy/
@@ -256,12 +261,12 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     if config.train.launch.mode == "inprocess":
         with checkpoint_dir_lock(out_dir / CHECKPOINTS):
             _begin(out_dir)
-            return run_training(config, dataset, index, curriculum, sink)
-    from searchrl.retrieval.service import start_pending_service
-
+            return run_training(config, dataset, index, curriculum, sink,
+                                searchers=searchers)
     with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
         _begin(out_dir)
-    start_pending_service()  # the ranks search through the flow's managed server
+    # The ranks search through the flow's managed server (plain clients: no restarts there).
+    searchers_for(config, searchers).ensure_service()
     launch_ranks(config, out_dir, mlflow_run_id=sink.run_id, tracking_uri=sink.tracking_uri)
     ranks_ref = read_ref(CheckpointRef, out_dir, "train")
     # the stage's wall time includes starting the ranks
@@ -273,7 +278,8 @@ CHECKPOINTS = "checkpoints"  # under the stage dir (grpo's TrainState.checkpoint
 
 
 def run_training(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                 curriculum: CurriculumRef | None, sink: MetricsSink) -> CheckpointRef:
+                 curriculum: CurriculumRef | None, sink: MetricsSink, *,
+                 searchers: SearcherProvider | None = None) -> CheckpointRef:
     """One rank's training (`$RANK`, 0 without a launcher): the in-process stage and every
     launched rank run this. Rank 0 holds the checkpoint dir's lock, logs to `sink` and writes
     the stage's reference; the other ranks log nothing and return theirs unwritten."""
@@ -282,17 +288,18 @@ def run_training(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     lead = env_rank() == 0
     with checkpoint_dir_lock(out_dir / CHECKPOINTS) if lead else contextlib.nullcontext():
         return _train_rank(config, dataset, index, curriculum,
-                           sink if lead else NullSink(), lead=lead, started=started)
+                           sink if lead else NullSink(), lead=lead, started=started,
+                           searchers=searchers_for(config, searchers))
 
 
 def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
                 curriculum: CurriculumRef | None, sink: MetricsSink, *, lead: bool,
-                started: float) -> CheckpointRef:
+                started: float, searchers: SearcherProvider) -> CheckpointRef:
     out_dir = StagePaths(config.run.work_dir).train_dir
     launch = config.train.launch
     train_path = Path(curriculum.train_path if curriculum else dataset.paths["train"])
     sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
-    searcher = load_searcher(Path(index.index_dir), config.index)
+    searcher = searchers.searcher(index.index_dir)
     dev = dataset.paths.get("dev")
     result = train_policy_run(config, train_path, Path(dataset.corpus_path), searcher,
                               out_dir, sft_train_path=Path(dataset.paths["train"]),
@@ -345,7 +352,8 @@ def eval_sets_of(config: PipelineConfig, dataset: DatasetRef) -> dict[str, str]:
 
 
 def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                    checkpoint: CheckpointRef, sink: MetricsSink) -> EvalRef:
+                    checkpoint: CheckpointRef, sink: MetricsSink, *,
+                    searchers: SearcherProvider | None = None) -> EvalRef:
     """The trained policy and the baselines on the eval split and on each extra eval set, each
     searched in its own corpus (greedy, same rollout loop); the registry champion is looked
     up in the sink's tracking store."""
@@ -364,7 +372,8 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
                             policy_dir=checkpoint.policy_dir, sft_dir=checkpoint.sft_dir,
                             out_dir=out_dir, tracking_uri=sink.tracking_uri,
                             extra_sets=extra_sets, selection=policy_selection(checkpoint),
-                            train_path=dataset.paths.get("train"))
+                            train_path=dataset.paths.get("train"),
+                            searchers=searchers_for(config, searchers))
     metrics: dict[str, float] = {"n_questions": result.n_questions,
                                  "suspect_labels": result.n_suspects}
     for name, s in result.systems.items():
@@ -448,8 +457,13 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
         version = register_policy(
             sink.tracking_uri, sink.run_id, Path(checkpoint.policy_dir),
             config.eval.registry_model_name, config.gate.registry_alias,
-            tags={"decision": "GO", "policy_fingerprint": checkpoint.fingerprint})
+            tags={"decision": "GO", "policy_fingerprint": checkpoint.fingerprint,
+                  "data.train": dataset.fingerprints.get("train", ""),
+                  "data.corpus": dataset.corpus_fingerprint})
         sink.set_tags({"registered_version": version})
+    if result.go and dataset.digest_dir and Path(dataset.digest_dir).is_dir():
+        # The champion's gold set: what the next validation's drift is measured against.
+        keep_digest(Path(dataset.digest_dir), history_dir(config.run.work_dir) / "champion")
     return _finish(Decision(
         go=result.go, reasons=result.reasons, report_html=str(outcome.html_path),
         report_md=str(outcome.md_path), figures=outcome.figures,

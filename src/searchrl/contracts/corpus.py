@@ -27,6 +27,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from searchrl.contracts.checks import CorpusFacts
+from searchrl.contracts.drift import GoldDigest
 from searchrl.contracts.suites import ContractError, SuiteResult, SuiteRunner
 from searchrl.data.io import (
     atomic_writer,
@@ -99,8 +100,8 @@ def _schema_problem(schema: Any, raw: dict[str, Any]) -> str | None:
     return None
 
 
-def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts
-            ) -> tuple[SuiteResult, list[str]]:
+def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts,
+            digest: GoldDigest | None = None) -> tuple[SuiteResult, list[str]]:
     """One pass over `file`: its suite result and its problems (file, row, field)."""
     run = runner.chunked("corpus", file.names[0])
     schema = runner.row_schema("corpus")
@@ -116,6 +117,8 @@ def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts
                     if problem is not None:
                         schema_problems[start + k] = problem
             copy.write(passages)
+            if digest is not None:  # drift against the reference gold set's passages
+                digest.corpus(file.names[0]).add(passages)
             facts.add(file.names[0], passages)
             for other in file.names[1:]:  # one file, several names: counted for each
                 facts.add(other, passages, scan=False)
@@ -128,15 +131,15 @@ def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts
     return result, problems
 
 
-def check_corpora(runner: SuiteRunner, sources: SourcePaths,
-                  facts: CorpusFacts) -> list[SuiteResult]:
+def check_corpora(runner: SuiteRunner, sources: SourcePaths, facts: CorpusFacts,
+                  digest: GoldDigest | None = None) -> list[SuiteResult]:
     """Every corpus streamed once (copied where still to be copied, checked, scanned into
     `facts`); one SuiteResult per corpus name. Raises DataError (a line or row unreadable as
     a passage) or ContractError (the first corpus, in order, with broken passages)."""
     results: list[SuiteResult] = []
     broken: list[tuple[str, list[str]]] = []
     for file in corpus_files(sources):
-        result, problems = _stream(runner, file, facts)
+        result, problems = _stream(runner, file, facts, digest)
         results += [replace(result, dataset=name) for name in file.names]
         if problems:
             broken.append((file.names[0], problems))

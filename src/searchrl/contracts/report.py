@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchrl.contracts.checks import CHECK_DESCRIPTIONS, Flag
+from searchrl.contracts.drift import DRIFT_HEADER, MIX_HEADER, DriftReport, drift_rows, mix_rows
 from searchrl.contracts.overrides import AppliedOverride, Override
 from searchrl.contracts.suites import SuiteResult
 from searchrl.tables import Cell, html_table, markdown_table
@@ -61,6 +62,8 @@ class Audit:
     outcomes: list[RowOutcome]
     unused_overrides: list[Override]
     notes: list[str] = field(default_factory=list)
+    # Against the champion's (else the last) validated gold set; None: nothing to compare to.
+    drift: DriftReport | None = None
 
     @property
     def quarantine_fraction(self) -> float:
@@ -125,6 +128,16 @@ def _md_table(header: list[str], rows: list[list[Any]], limit: int = 400) -> lis
     return markdown_table(header, [[_cut(str(c), limit) for c in r] for r in rows]).split("\n")
 
 
+def _drift_markdown(drift: DriftReport | None) -> list[str]:
+    out = ["", "## Drift since the reference gold set", ""]
+    if drift is None:
+        return [*out, "No reference gold set yet (first validated run in this work dir)."]
+    out += [f"Reference: {drift.reference}.", ""]
+    out += [f"**Warning:** {w}" for w in drift.warnings] + ([""] if drift.warnings else [])
+    return [*out, *_md_table(DRIFT_HEADER, drift_rows(drift)), "",
+            *_md_table(MIX_HEADER, mix_rows(drift))]
+
+
 def render_markdown(audit: Audit) -> str:
     """The audit as GitHub-flavoured Markdown."""
     out = [f"# {audit.title}", ""]
@@ -133,6 +146,7 @@ def render_markdown(audit: Audit) -> str:
         ["split", "rows in", "clean", "quarantined", "flagged for review"],
         [[s, c["rows_in"], c["clean"], c["quarantined"], c["review"]]
          for s, c in audit.split_counts.items()])]
+    out += _drift_markdown(audit.drift)
     out += ["", "## Checks", "", *_md_table(
         ["check", "action", "rows flagged", "what it means"],
         [[k, "quarantine" if k in audit.quarantine_checks else "review",
@@ -198,6 +212,17 @@ def _status_class(status: str) -> str:
     return status.split()[0] if status.split() else ""
 
 
+def _drift_html(drift: DriftReport | None) -> list[str]:
+    out = ["<h2>Drift since the reference gold set</h2>"]
+    if drift is None:
+        return [*out, "<p class='muted'>No reference gold set yet (first validated run in "
+                      "this work dir).</p>"]
+    out += [f"<p>Reference: {_h(drift.reference, 2000)}.</p>"]
+    out += [f"<p class='quarantined'>Warning: {_h(w, 2000)}</p>" for w in drift.warnings]
+    return [*out, html_table(DRIFT_HEADER, [[_td(c) for c in r] for r in drift_rows(drift)]),
+            html_table(MIX_HEADER, [[_td(c) for c in r] for r in mix_rows(drift)])]
+
+
 def render_html(audit: Audit) -> str:
     """The audit as one self-contained HTML page."""
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -208,6 +233,7 @@ def render_html(audit: Audit) -> str:
              html_table(["split", "rows in", "clean", "quarantined", "flagged for review"],
                          [[_td(s), _td(c["rows_in"]), _td(c["clean"]), _td(c["quarantined"]),
                            _td(c["review"])] for s, c in audit.split_counts.items()]),
+             *_drift_html(audit.drift),
              "<h2>Checks</h2>",
              html_table(["check", "action", "rows flagged", "what it means"],
                          [[_td(k), _td("quarantine" if k in audit.quarantine_checks

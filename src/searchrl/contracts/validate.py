@@ -53,6 +53,15 @@ from searchrl.contracts.checks import (
     time_sensitive_flags,
 )
 from searchrl.contracts.corpus import check_corpora
+from searchrl.contracts.drift import (
+    DIGEST_DIR,
+    DriftReport,
+    GoldDigest,
+    compare,
+    history_dir,
+    keep_digest,
+    reference_digest,
+)
 from searchrl.contracts.overrides import AppliedOverride, Override, load_overrides
 from searchrl.contracts.report import (
     Audit,
@@ -112,6 +121,8 @@ class ValidationResult:
     audit_path: Path | None = None
     check_counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    drift: DriftReport | None = None
+    digest_dir: Path | None = None
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for the stage's MLflow run."""
@@ -124,6 +135,8 @@ class ValidationResult:
             "overrides_unused": c["unused_overrides"], "validation_seconds": self.seconds,
         }
         out |= {f"check_{k}": v for k, v in sorted(self.check_counts.items())}
+        if self.drift is not None:
+            out |= self.drift.metrics()
         return out
 
 
@@ -386,7 +399,8 @@ class _Written:
 
 def _write_audit(config: PipelineConfig, out_dir: Path, qa: _QAChecked, suites: list[SuiteResult],
                  counts: dict[str, int], split_counts: dict[str, dict[str, int]],
-                 overrides: list[Override], used: set[int]) -> _Written:
+                 overrides: list[Override], used: set[int],
+                 drift: DriftReport | None = None) -> _Written:
     """quarantine.jsonl, audit_report.{md,html} and audit.json."""
     cfg = config.validate_
     outcomes = qa.outcomes
@@ -403,7 +417,7 @@ def _write_audit(config: PipelineConfig, out_dir: Path, qa: _QAChecked, suites: 
         max_quarantine_fraction=cfg.max_quarantine_fraction, suites=suites, outcomes=outcomes,
         unused_overrides=[o for k, o in enumerate(overrides) if k not in used],
         notes=[f"Overrides file: {cfg.overrides_path}" if cfg.overrides_path else
-               "No overrides file configured."])
+               "No overrides file configured."], drift=drift)
     report_md, report_html = out_dir / "audit_report.md", out_dir / "audit_report.html"
     audit_path = out_dir / "audit.json"
     atomic_write_text(report_md, render_markdown(audit))
@@ -413,6 +427,7 @@ def _write_audit(config: PipelineConfig, out_dir: Path, qa: _QAChecked, suites: 
         "flags": [asdict(f) for o in outcomes for f in o.flags],
         "suites": [{"suite": s.suite, "dataset": s.dataset, "rows": s.rows,
                     "outcomes": [asdict(x) for x in s.outcomes]} for s in suites],
+        "drift": None if drift is None else asdict(drift) | {"warnings": drift.warnings},
     }, indent=1, default=str, ensure_ascii=False))
     return _Written(quarantined, quarantine_path, report_md, report_html, audit_path,
                     check_counts, audit.quarantine_fraction)
@@ -453,12 +468,17 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
     used: set[int] = set()
     qa = _check_qa_sets(runner, sources, provenance, overrides, used)
     facts = _corpus_facts(qa, cfg)
-    corpus_suites = check_corpora(runner, sources, facts)
+    digest = GoldDigest()
+    corpus_suites = check_corpora(runner, sources, facts, digest)
     _flag_beyond_schema(qa, facts, cfg)
     clean = _decide_rows(qa, cfg, overrides, used)
+    for name, rows in clean.items():
+        digest.add_qa(name, rows)
+    reference = reference_digest(config.run.work_dir)
+    drift = compare(digest, *reference, cfg.drift_warn_fraction) if reference else None
     counts, split_counts = _counts(qa.outcomes, qa.rows_in, clean, len(overrides), len(used))
     written = _write_audit(config, out_dir, qa, corpus_suites + qa.suites, counts,
-                           split_counts, overrides, used)
+                           split_counts, overrides, used, drift)
     share = written.quarantine_fraction
     if share > cfg.max_quarantine_fraction:
         raise QuarantineThresholdError(
@@ -469,6 +489,8 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
             + (str(cfg.overrides_path) if cfg.overrides_path else "validate.overrides_path"),
             (written.report_md, written.report_html, written.quarantine_path))
     clean_paths = _write_clean(out_dir, list(qa.rows_in), clean)
+    digest_dir = digest.write(out_dir / DIGEST_DIR, {"run": config.run.name, "counts": counts})
+    keep_digest(digest_dir, history_dir(config.run.work_dir) / "last")
     return ValidationResult(
         out_dir=out_dir, split_paths={s: clean_paths[s] for s in sources.splits},
         corpus_path=sources.corpus,
@@ -477,4 +499,5 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
         quarantine_path=written.quarantine_path, counts=counts,
         quarantined=written.quarantined, report_html=written.report_html,
         report_md=written.report_md, audit_path=written.audit_path,
-        check_counts=written.check_counts, seconds=time.perf_counter() - started)
+        check_counts=written.check_counts, seconds=time.perf_counter() - started,
+        drift=drift, digest_dir=digest_dir)
