@@ -6,6 +6,7 @@ from pathlib import Path
 from searchrl.config import SyntheticWorldConfig
 from searchrl.data.io import read_manifest, read_passages, read_qa
 from searchrl.data.synthetic import generate_world, write_world
+from searchrl.retrieval.bm25 import BM25Index
 
 SMALL = SyntheticWorldConfig(seed=3, n_people=80, n_cities=20, n_countries=6,
                              n_organisations=20, n_train=120, n_dev=30, n_test=40)
@@ -80,3 +81,28 @@ def test_written_world_round_trips_with_manifests(tmp_path: Path) -> None:
     manifest = read_manifest(paths["train"])
     assert manifest is not None and manifest["rows"] == len(train)
     assert all(re.fullmatch(r"train-\d{5}", q.id) for q in train)
+
+
+def test_every_entity_is_the_top_bm25_hit_for_its_own_name() -> None:
+    """The demo searches a chain entity by its exact name and (at the demo's top_k=1) keeps
+    only the first hit: a distractor that outranks the entity's own passage makes every
+    question through that entity unanswerable and drops it from the SFT demos (issue 25:
+    "New <org>" twins hid all five organisation types)."""
+    world = generate_world(SMALL)
+    bm25 = BM25Index.build([p.contents for p in world.passages])
+    names = sorted(world.doc_of)
+    row_of = {p.id: i for i, p in enumerate(world.passages)}
+    ranked = bm25.search(names, top_k=1)
+    missed = [n for n, hits in zip(names, ranked, strict=True)
+              if hits[0][0] != row_of[world.doc_of[n]]]
+    assert not missed, f"{len(missed)} entities lose to another passage, e.g. {missed[:3]}"
+
+
+def test_organisation_distractors_share_the_name_but_not_the_kind() -> None:
+    world = generate_world(SMALL)
+    titles = [p.title for p in world.passages]
+    assert len(titles) == len(set(titles)), "passage titles must be unique"
+    for org in world.orgs:
+        word, kind = org.rsplit(" ", 1)
+        twins = [t for t in titles if t != org and t.startswith(f"{word} ")]
+        assert twins and all(not t.endswith(f" {kind}") for t in twins), (org, twins)

@@ -31,6 +31,7 @@ _PROFESSIONS = ["painter", "engineer", "botanist", "composer", "cartographer", "
                 "physician", "novelist", "astronomer", "architect"]
 _INDUSTRIES = ["shipbuilding", "textiles", "printing", "glassworks", "software", "mining",
                "publishing", "brewing", "aviation", "pharmaceuticals"]
+_ORG_KINDS = ("Works", "Guild", "Company", "Institute")
 SYNTHETIC_TYPES = (
     "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
     "person_birth_country", "org_founder_birth_city", "org_hq_country",
@@ -85,7 +86,7 @@ def _build_entities(cfg: SyntheticWorldConfig, rng: random.Random) -> World:
                                 "profession": rng.choice(_PROFESSIONS)}
     orgs = _unique_names(
         rng, cfg.n_organisations,
-        lambda: f"{_word(rng, 2)} {rng.choice(['Works', 'Guild', 'Company', 'Institute'])}",
+        lambda: f"{_word(rng, 2)} {rng.choice(_ORG_KINDS)}",
         taken,
     )
     # Split anchors: each organisation takes a founder that no other organisation has, and the
@@ -127,6 +128,7 @@ def _render_passages(world: World, cfg: SyntheticWorldConfig, rng: random.Random
                       f"{facts['founder']}. It is headquartered in {facts['hq']}.")
     # Distractors: near-namesakes with different facts, so retrieval and reading must be exact.
     cities = list(world.cities)
+    taken_titles = {p.title for p in world.passages}
     for _ in range(cfg.distractors_per_entity):
         for person, facts in world.people.items():
             first, last = person.split(" ", 1)
@@ -134,10 +136,25 @@ def _render_passages(world: World, cfg: SyntheticWorldConfig, rng: random.Random
             other = rng.choice([c for c in cities if c != facts["born_in"]])
             add(None, twin, f"{twin} is a {rng.choice(_PROFESSIONS)}. {twin} was born in {other}.")
         for org, facts in world.orgs.items():
-            twin = f"New {org}"
+            twin = _org_twin(org, taken_titles, rng)
             other = rng.choice([c for c in cities if c != facts["hq"]])
             add(None, twin, f"{twin} is a {rng.choice(_INDUSTRIES)} organisation. "
                             f"It is headquartered in {other}.")
+
+
+def _org_twin(org: str, taken: set[str], rng: random.Random) -> str:
+    """A near-namesake of `org`: same name word, another kind ("Vodrond Company" ->
+    "Vodrond Guild"), unique among titles. Never the whole name plus a word: "New Vodrond
+    Company" holds every query word of "Vodrond Company" in a shorter passage, so BM25 ranked
+    it above the organisation's own passage for every organisation (issue 25)."""
+    word, kind = org.rsplit(" ", 1)
+    kinds = [k for k in _ORG_KINDS if k != kind]
+    rng.shuffle(kinds)
+    for twin in [f"{word} {k}" for k in kinds] + [f"{word}son {kind}"]:
+        if twin not in taken:
+            taken.add(twin)
+            return twin
+    raise ValueError(f"synthetic world: no free distractor title for organisation {org!r}")
 
 
 def _candidate_questions(world: World) -> list[tuple[str, int, str, str, list[str], str]]:
