@@ -128,7 +128,7 @@ def _render_passages(world: World, cfg: SyntheticWorldConfig, rng: random.Random
                       f"{facts['founder']}. It is headquartered in {facts['hq']}.")
     # Distractors: near-namesakes with different facts, so retrieval and reading must be exact.
     cities = list(world.cities)
-    taken_titles = {p.title for p in world.passages}
+    taken_titles = {p.title for p in world.passages if p.title}
     for _ in range(cfg.distractors_per_entity):
         for person, facts in world.people.items():
             first, last = person.split(" ", 1)
