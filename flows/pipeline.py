@@ -12,7 +12,8 @@ Stages, in order (each a task in `tasks/`, each an MLflow child run of one paren
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
 With `index.mode: service` the retrieval server runs around stages 3-5 (the ones that search):
 started on `index.service_url` when the first of them asks for a searcher (never, when all
-three come from cache), stopped when they end or fail.
+three come from cache), restarted once if it dies, stopped when they end or fail. The flow
+owns it through the `SearcherProvider` it hands those stages (searchrl/retrieval/provider.py).
 Run it: `python flows/pipeline.py --config configs/tiny.yaml [key.sub=value ...]`.
 """
 
@@ -31,7 +32,7 @@ if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script o
 
 from searchrl.config import load_config  # noqa: E402
 from searchrl.exit_codes import exit_code_table, report_error  # noqa: E402
-from searchrl.retrieval.service import retrieval_service  # noqa: E402
+from searchrl.retrieval.provider import retrieval_service  # noqa: E402
 from searchrl.tracking import (  # noqa: E402
     check_tracking_store,
     end_run,
@@ -57,10 +58,14 @@ def pipeline(config_path: str = "configs/tiny.yaml",
     try:
         dataset = validate_gold_labels(config, uri, parent.run_id)
         index = build_index(config, dataset, uri, parent.run_id)
-        with retrieval_service(config, index.index_dir):
-            curriculum = filter_curriculum(config, dataset, index, uri, parent.run_id)
-            checkpoint = train_policy(config, dataset, index, curriculum, uri, parent.run_id)
-            evaluation = evaluate_policy(config, dataset, index, checkpoint, uri, parent.run_id)
+        # One provider for the stages that search (a task parameter outside the cache key).
+        with retrieval_service(config, index.index_dir) as searchers:
+            curriculum = filter_curriculum(config, dataset, index, uri, parent.run_id,
+                                           searchers=searchers)
+            checkpoint = train_policy(config, dataset, index, curriculum, uri, parent.run_id,
+                                      searchers=searchers)
+            evaluation = evaluate_policy(config, dataset, index, checkpoint, uri,
+                                         parent.run_id, searchers=searchers)
         decision = decide_go_no_go(config, dataset, checkpoint, evaluation, uri, parent.run_id)
     except BaseException:
         end_run(uri, parent.run_id, "FAILED")

@@ -9,6 +9,7 @@ One parent run per pipeline run, one child run per stage, the parent run id pass
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -207,28 +208,115 @@ def child_runs(uri: str, parent_run_id: str) -> list[dict[str, Any]]:
              "params": dict(r.data.params)} for r in runs]
 
 
-# --- model registry (champion / challenger)
+# --- model registry (champion / challenger / previous-champion)
+
+CHALLENGER = "challenger"
+PREVIOUS = "previous-champion"
+# On a version promoted to champion: the version it replaced, so a rollback can restore it
+# and then knows what came before that.
+PREVIOUS_TAG = "previous_champion_version"
+_POLICY_ARTIFACT = "policy"
+
+
+class RegistryError(RuntimeError):
+    """The model registry holds no version to act on (e.g. rollback without a
+    previous-champion); the message names the model and alias."""
+
+
+def log_policy_model(uri: str, run_id: str, policy_dir: Path,
+                     artifact_path: str = _POLICY_ARTIFACT) -> str:
+    """Log the save_pretrained policy in `policy_dir` (model + tokenizer) as an MLflow model
+    of the transformers flavor (text-generation) under the run's `artifact_path`, so that
+    `mlflow.transformers.load_model("models:/<name>@<alias>")` loads it; return its URI."""
+    import tempfile
+
+    import mlflow.transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    client = MlflowClient(tracking_uri=uri)
+    model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / artifact_path
+        # pip_requirements=[]: inferring them imports and probes packages (slow, and it
+        # may reach the network); the pipeline's environment is pinned elsewhere.
+        mlflow.transformers.save_model({"model": model, "tokenizer": tokenizer}, str(saved),
+                                       task="text-generation", pip_requirements=[])
+        client.log_artifacts(run_id, str(saved), artifact_path)
+    return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
 
 
 def register_policy(uri: str, run_id: str, policy_dir: Path, name: str, alias: str,
                     tags: Mapping[str, str] | None = None) -> str:
-    """Log `policy_dir` (a save_pretrained dir) under the run's `policy/` artifacts, register it
-    as a new version of model `name`, point `alias` at it; return the version number."""
+    """Log `policy_dir` as an MLflow transformers model under the run's `policy/`, register it
+    as a new version of model `name` with `tags`, point `alias` at it; return the version."""
     client = MlflowClient(tracking_uri=uri)
-    client.log_artifacts(run_id, str(policy_dir), "policy")
+    source = log_policy_model(uri, run_id, policy_dir)
     try:
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name)
-    source = f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/policy"
-    version = client.create_model_version(name, source, run_id=run_id, tags=dict(tags or {}))
+    version = client.create_model_version(name, source, run_id=run_id,
+                                          tags={k: str(v)[:5000] for k, v in
+                                                (tags or {}).items()})
     client.set_registered_model_alias(name, alias, str(version.version))
     return str(version.version)
 
 
+def promote(uri: str, name: str, version: str, alias: str = "champion",
+            previous_alias: str = PREVIOUS) -> str | None:
+    """Point `alias` at `version`, keeping the version it replaces as `previous_alias` (and
+    on the new version's `previous_champion_version` tag); return the replaced version."""
+    client = MlflowClient(tracking_uri=uri)
+    current = registered_policy(uri, name, alias)
+    replaced = current["version"] if current and current["version"] != version else None
+    if replaced is not None:
+        client.set_registered_model_alias(name, previous_alias, replaced)
+        client.set_model_version_tag(name, version, PREVIOUS_TAG, replaced)
+    client.set_registered_model_alias(name, alias, version)
+    return replaced
+
+
+def rollback(uri: str, name: str, reason: str, alias: str = "champion",
+             previous_alias: str = PREVIOUS) -> dict[str, str]:
+    """Point `alias` back at the `previous_alias` version and record why (tags on both
+    versions and on the registered model). The restored version's own predecessor becomes
+    `previous_alias` (removed when it has none). Raises RegistryError when there is no
+    previous champion."""
+    if not reason.strip():
+        raise RegistryError("rollback needs a reason (--reason TEXT): it is recorded on the "
+                            "registry")
+    client = MlflowClient(tracking_uri=uri)
+    previous = registered_policy(uri, name, previous_alias)
+    if previous is None:
+        raise RegistryError(f"model {name!r} has no {previous_alias!r} alias in {uri}: "
+                            "nothing to roll back to (a previous champion is kept only "
+                            "when a GO replaces one)")
+    current = registered_policy(uri, name, alias)
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    to_version = previous["version"]
+    client.set_registered_model_alias(name, alias, to_version)
+    client.set_model_version_tag(name, to_version, "restored_reason", reason)
+    client.set_model_version_tag(name, to_version, "restored_at", when)
+    if current is not None:
+        client.set_model_version_tag(name, current["version"], "rolled_back_reason", reason)
+        client.set_model_version_tag(name, current["version"], "rolled_back_at", when)
+    earlier = client.get_model_version(name, to_version).tags.get(PREVIOUS_TAG)
+    if earlier:
+        client.set_registered_model_alias(name, previous_alias, earlier)
+    else:
+        client.delete_registered_model_alias(name, previous_alias)
+    from_version = current["version"] if current else ""
+    client.set_registered_model_tag(
+        name, "last_rollback", f"{when}: version {from_version or '?'} -> {to_version}: "
+                               f"{reason}"[:5000])
+    return {"model": name, "from_version": from_version, "to_version": to_version,
+            "reason": reason, "at": when}
+
+
 def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
-    """The version `alias` points at (`version`, `run_id`, `source`), or None when the model or
-    the alias does not exist."""
+    """The version `alias` points at (`version`, `run_id`, `source`, `tags`), or None when the
+    model or the alias does not exist."""
     client = MlflowClient(tracking_uri=uri)
     try:
         mv = client.get_model_version_by_alias(name, alias)
@@ -238,11 +326,25 @@ def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
             "source": str(mv.source)}
 
 
+def model_version_tags(uri: str, name: str, version: str) -> dict[str, str]:
+    return dict(MlflowClient(tracking_uri=uri).get_model_version(name, version).tags)
+
+
 def download_registered_policy(uri: str, name: str, alias: str, dst: Path) -> Path | None:
-    """Download the policy `alias` points at into `dst`; None when there is no such version."""
+    """Download the policy `alias` points at into `dst` and return a save_pretrained
+    directory of it (model + tokenizer); None when there is no such version."""
     found = registered_policy(uri, name, alias)
     if found is None:
         return None
     dst.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(
+    got = Path(mlflow.artifacts.download_artifacts(
         artifact_uri=found["source"], dst_path=str(dst), tracking_uri=uri))
+    if not (got / "MLmodel").is_file():
+        return got  # registered before policies were logged as MLflow models
+    # The transformers flavor keeps the weights in model/ and the tokenizer in
+    # components/tokenizer/: one directory is what the loaders here read.
+    model_dir = got / "model"
+    for file in sorted((got / "components" / "tokenizer").glob("*")):
+        if file.is_file():
+            shutil.copy2(file, model_dir / file.name)
+    return model_dir

@@ -25,7 +25,8 @@ from searchrl.data.io import read_qa
 from searchrl.httpx_helpers import NO_RETRY_HEADER, retry_delay
 from searchrl.retrieval.base import SearchError
 from searchrl.retrieval.client import RetrievalClient
-from searchrl.retrieval.index_store import build_index, load_corpus_searcher, load_searcher
+from searchrl.retrieval.index_store import build_index, load_corpus_searcher
+from searchrl.retrieval.provider import retrieval_service
 from searchrl.retrieval.server import (
     MAX_CLIENTS,
     OTHER_CLIENTS,
@@ -39,9 +40,7 @@ from searchrl.retrieval.service import (
     ServiceError,
     check_port_free,
     check_service,
-    retrieval_service,
     serve_index,
-    start_pending_service,
 )
 from searchrl.sinks import NullSink
 from searchrl.types import SearchHit
@@ -468,21 +467,68 @@ def test_the_flows_server_starts_with_its_first_searcher_only(
     config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
         update={"index": index})
     log = tmp_path / "retrieval_service" / "server.log"
-    with retrieval_service(config, real_index) as url:
-        assert url == index.service_url
+    with retrieval_service(config, real_index) as searchers:
+        assert not searchers.started
         check_port_free("127.0.0.1", index.service_port)  # nothing serves yet
     assert not log.exists()
     # The first searcher starts it, the next shares it, and it stops with the block.
-    with retrieval_service(config, real_index):
-        first = load_searcher(real_index, index)
-        pid = first.health()["pid"]  # type: ignore[attr-defined]
-        second = load_searcher(real_index, index)
-        assert second.health()["pid"] == pid  # type: ignore[attr-defined]
-        first.close()  # type: ignore[attr-defined]
-        second.close()  # type: ignore[attr-defined]
+    with retrieval_service(config, real_index) as searchers:
+        first = searchers.searcher(real_index)
+        pid = RetrievalClient.from_config(index).health()["pid"]
+        assert first.search_batch(["Scott Derrickson"], 1)[0]
+        second = searchers.searcher(real_index)
+        assert second.search_batch(["Ed Wood"], 1)[0] and searchers.started
+        assert RetrievalClient.from_config(index).health()["pid"] == pid
     assert _gone(pid) and log.is_file()
-    start_pending_service()  # outside a block there is nothing to start
     check_port_free("127.0.0.1", index.service_port)
+
+
+def _kill_server(index: IndexConfig) -> int:
+    """SIGKILL the server answering `index.service_url`; its pid (reaped by its parent)."""
+    pid = RetrievalClient.from_config(index).health()["pid"]
+    os.kill(pid, 9)
+    return int(pid)
+
+
+def test_a_dying_managed_server_is_restarted_once_then_fails_the_stage(
+        real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real server SIGKILLed mid-use: the next search restarts it and succeeds; a second
+    death raises ServiceError naming the service and its log (not a SearchError, which a
+    rollout would count as one failed search)."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    index = _service_config(client_retries=1, client_backoff_s=0.05)
+    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
+        update={"index": index})
+    with retrieval_service(config, real_index) as searchers:
+        searcher = searchers.searcher(real_index)
+        before = searcher.search_batch(["Scott Derrickson"], 2)
+        first_pid = _kill_server(index)
+        assert searcher.search_batch(["Scott Derrickson"], 2) == before
+        assert searchers.restarts == 1
+        second_pid = RetrievalClient.from_config(index).health()["pid"]
+        assert second_pid != first_pid
+        # Another searcher of the same provider shares the restarted server.
+        assert searchers.searcher(real_index).search_batch(["Ed Wood"], 1)[0]
+        _kill_server(index)
+        with pytest.raises(ServiceError, match=(
+                rf"retrieval service at {index.service_url} died again(.|\n)*"
+                r"1 restart(.|\n)*server\.log")):
+            searcher.search_batch(["Scott Derrickson"], 2)
+    assert _gone(second_pid)
+    check_port_free("127.0.0.1", index.service_port)
+
+
+def test_a_failed_search_on_a_live_server_is_no_restart(
+        real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    index = _service_config(client_retries=0)
+    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
+        update={"index": index})
+    with retrieval_service(config, real_index) as searchers:
+        searcher = searchers.searcher(real_index)
+        with pytest.raises(SearchError, match="HTTP 4"):
+            searcher.search_batch(["x" * 100_000], 1)  # refused: too long
+        assert searchers.restarts == 0
 
 
 def test_an_unreachable_external_service_fails_fast() -> None:

@@ -596,9 +596,8 @@ def load_searcher(index_dir: Path, config: IndexConfig, corpus: str = MAIN_CORPU
     `config.mode == "service"` (then `index_dir` is not read)."""
     if config.mode == "service":
         from searchrl.retrieval.client import RetrievalClient
-        from searchrl.retrieval.service import start_pending_service
 
-        start_pending_service()  # the flow's managed server starts with its first user
+        # A plain client: a managed server is started by its owner (retrieval/provider.py).
         return RetrievalClient.from_config(config)
     return load_corpus_searcher(resolve_corpus(Path(index_dir), corpus), config)
 

@@ -17,11 +17,9 @@ lines of its log. Leaving the block, normally or by an exception, saves the serv
 next to its log, then stops it: SIGTERM, SIGKILL after `service_stop_grace_s`. The server
 also stops by itself when this process dies (`--exit-with-parent`).
 
-`retrieval_service(config, index_dir)` is what the flow uses: the managed server, a health
-check of an external one (`service_managed: false`), or nothing for `mode: inprocess`. The
-managed server starts when the first stage inside the block asks for a searcher
-(`start_pending_service`, called by `load_searcher` and before launching DeepSpeed ranks), so
-a re-run whose searching stages all come from cache never loads the index.
+`ManagedServer` is the same server as an object (`start`, `exit_code`, `stop`), which
+`searchrl.retrieval.provider.SearcherProvider` starts lazily for the flow and restarts once
+when it dies.
 """
 
 from __future__ import annotations
@@ -35,16 +33,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from searchrl.config import IndexConfig, PipelineConfig
+from searchrl.config import IndexConfig
 from searchrl.data.io import log_tail
 
 logger = logging.getLogger(__name__)
@@ -101,15 +98,15 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         proc.wait(timeout=30)
 
 
-def _save_stats(url: str, token: str, path: Path) -> None:
-    """The server's /stats into `path`, best effort: a dead server must not mask the error
-    that is leaving the block."""
+def _save_stats(url: str, token: str, path: Path, extra: dict[str, Any] | None = None) -> None:
+    """The server's /stats (and `extra`) into `path`, best effort: a dead server must not
+    mask the error that is leaving the block."""
     try:
         resp = httpx.get(f"{url}/stats", timeout=5.0,
                          headers={"Authorization": f"Bearer {token}"})
         resp.raise_for_status()
         stats = resp.json()
-        path.write_text(json.dumps(stats, indent=2))
+        path.write_text(json.dumps({**stats, **(extra or {})}, indent=2))
         totals = stats.get("totals", {})
         logger.info("retrieval service: %s requests, %s queries from %d clients; flagged %s",
                     totals.get("requests"), totals.get("queries"),
@@ -127,6 +124,84 @@ def _env_var(name: str, value: str) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
+class ManagedServer:
+    """`python -m searchrl.retrieval.server` over one index as a subprocess: `start`, `alive`,
+    `restart`, `stop`. The token is fixed for its life, so clients survive a restart."""
+
+    def __init__(self, index_dir: str | Path, config: IndexConfig, token: str, log_dir: Path,
+                 config_path: Path, *, corpus: str | None = None,
+                 server_args: Sequence[str] = (), python: str = sys.executable) -> None:
+        self.config = config
+        self.token = token
+        self.log_path = log_dir / "server.log"
+        self.stats_path = log_dir / "stats.json"
+        self.local_url = IndexConfig.url_for(config.service_host, config.service_port)
+        # Only the index section: it is all the server reads, and the file holds no secret.
+        config_path.write_text(yaml.safe_dump({"index": config.model_dump(mode="json")}))
+        self._cmd = [python, "-m", "searchrl.retrieval.server", "--index-dir",
+                     str(Path(index_dir).resolve()), "--config", str(config_path), "--host",
+                     config.service_host, "--port", str(config.service_port),
+                     "--no-access-log", "--exit-with-parent", *server_args]
+        if corpus is not None:
+            self._cmd += ["--corpus", corpus]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0  # set by whoever restarts it; saved with its stats
+
+    def start(self) -> None:
+        """Start it and wait for its /health (ServiceError with the log tail if it exits or
+        never answers, or the port is taken)."""
+        check_port_free(self.config.service_host, self.config.service_port)
+        env = {**os.environ, self.config.service_token_env: self.token}
+        with self.log_path.open("ab") as log:  # a restart appends: the first death stays
+            self.proc = subprocess.Popen(self._cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_healthy(self.proc, self.local_url, self.token,
+                          self.config.service_start_timeout_s, self.log_path)
+        except BaseException:
+            _stop(self.proc, self.config.service_stop_grace_s)
+            raise
+        logger.info("retrieval server pid %d serving %s (log %s)", self.proc.pid,
+                    self.config.service_url, self.log_path)
+
+    def exit_code(self) -> int | None:
+        """The exit status once the process has ended; None while it runs (or never ran)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self) -> None:
+        """Save its /stats next to its log (best effort), then SIGTERM, SIGKILL after the
+        grace period."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            _save_stats(self.local_url, self.token, self.stats_path,
+                        {"restarts": self.restarts})
+        _stop(self.proc, self.config.service_stop_grace_s)
+
+
+@contextlib.contextmanager
+def managed_server(index_dir: str | Path, config: IndexConfig, *, corpus: str | None = None,
+                   log_dir: str | Path | None = None, server_args: Sequence[str] = (),
+                   python: str = sys.executable) -> Iterator[ManagedServer]:
+    """A started `ManagedServer` for the block (see `serve_index`), stopped after."""
+    token = os.environ.get(config.service_token_env) or None
+    own_token = token is None
+    token = token or secrets.token_urlsafe(32)
+    with tempfile.TemporaryDirectory(prefix="searchrl-retriever-") as tmp:
+        logs = Path(log_dir) if log_dir is not None else Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        server = ManagedServer(index_dir, config, token, logs, Path(tmp) / "index.yaml",
+                               corpus=corpus, server_args=server_args, python=python)
+        try:
+            server.start()
+            with contextlib.ExitStack() as stack:
+                if own_token:
+                    stack.enter_context(_env_var(config.service_token_env, token))
+                yield server
+        finally:
+            server.stop()
+
+
 @contextlib.contextmanager
 def serve_index(index_dir: str | Path, config: IndexConfig, *, corpus: str | None = None,
                 log_dir: str | Path | None = None, server_args: Sequence[str] = (),
@@ -135,40 +210,9 @@ def serve_index(index_dir: str | Path, config: IndexConfig, *, corpus: str | Non
     directory or one corpus directory) with `config` for the block; yields its URL
     (`config.service_url`). `log_dir` keeps server.log and stats.json (default: a temporary
     directory, gone after). `server_args`: extra server flags (e.g. `--serialise`)."""
-    host, port = config.service_host, config.service_port
-    local_url = IndexConfig.url_for(host, port)
-    check_port_free(host, port)
-    token = os.environ.get(config.service_token_env) or None
-    own_token = token is None
-    token = token or secrets.token_urlsafe(32)
-    with tempfile.TemporaryDirectory(prefix="searchrl-retriever-") as tmp:
-        logs = Path(log_dir) if log_dir is not None else Path(tmp)
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / "server.log"
-        # Only the index section: it is all the server reads, and the file holds no secret.
-        config_path = Path(tmp) / "index.yaml"
-        config_path.write_text(yaml.safe_dump({"index": config.model_dump(mode="json")}))
-        cmd = [python, "-m", "searchrl.retrieval.server", "--index-dir",
-               str(Path(index_dir).resolve()), "--config", str(config_path), "--host", host,
-               "--port", str(port), "--no-access-log", "--exit-with-parent", *server_args]
-        if corpus is not None:
-            cmd += ["--corpus", corpus]
-        env = {**os.environ, config.service_token_env: token}
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=env)
-        try:
-            _wait_healthy(proc, local_url, token, config.service_start_timeout_s, log_path)
-            logger.info("retrieval server pid %d serving %s (log %s)", proc.pid,
-                        config.service_url, log_path)
-            with contextlib.ExitStack() as stack:
-                if own_token:
-                    stack.enter_context(_env_var(config.service_token_env, token))
-                yield config.service_url
-        finally:
-            if proc.poll() is None:
-                _save_stats(local_url, token, logs / "stats.json")
-            _stop(proc, config.service_stop_grace_s)
+    with managed_server(index_dir, config, corpus=corpus, log_dir=log_dir,
+                        server_args=server_args, python=python):
+        yield config.service_url
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, token: str, timeout_s: float,
@@ -209,43 +253,3 @@ def check_service(config: IndexConfig) -> dict[str, Any]:
             "index.service_managed=true to let the pipeline run it") from exc
     finally:
         client.close()
-
-
-# The managed server a `retrieval_service` block will start for the first stage that searches.
-_pending: Callable[[], object] | None = None
-_pending_lock = threading.Lock()
-
-
-def start_pending_service() -> None:
-    """Start the managed retrieval server of the enclosing `retrieval_service` block, if it
-    has not started yet; nothing otherwise (outside a block, or already running)."""
-    global _pending
-    with _pending_lock:
-        start, _pending = _pending, None
-    if start is not None:
-        start()
-
-
-@contextlib.contextmanager
-def retrieval_service(config: PipelineConfig, index_dir: str | Path) -> Iterator[str | None]:
-    """What the searching stages need around them: the managed server (`index.mode:
-    service`, started by the first stage that searches), a checked external one
-    (`service_managed: false`), or nothing (yields None)."""
-    global _pending
-    index = config.index
-    if index.mode != "service":
-        yield None
-    elif not index.service_managed:
-        check_service(index)
-        yield index.service_url
-    else:
-        log_dir = Path(config.run.work_dir) / "retrieval_service"
-        with contextlib.ExitStack() as running:
-            with _pending_lock:
-                _pending = lambda: running.enter_context(  # noqa: E731
-                    serve_index(index_dir, index, log_dir=log_dir))
-            try:
-                yield index.service_url
-            finally:
-                with _pending_lock:
-                    _pending = None
