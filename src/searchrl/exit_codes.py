@@ -35,12 +35,17 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(6, "too many rows quarantined (validate.max_quarantine_fraction): see the audit "
                 "report", ("QuarantineThresholdError",)),
     ExitCode(7, "a service refused or is unreachable (retrieval service, search, tracking "
-                "store, frontier endpoint)",
-             ("ServiceError", "SearchError", "TrackingError", "EndpointError")),
+                "store, frontier endpoint), or too many of a stage's searches failed",
+             ("ServiceError", "SearchError", "TrackingError", "EndpointError",
+              "RetrieverFailedError")),
     ExitCode(8, "an artifact on disk is incomplete or does not match (checkpoint, index)",
              ("CheckpointError", "IndexStoreError")),
     ExitCode(9, "training failed (ranks, DeepSpeed setup, non-finite steps)",
              ("TrainingError", "LaunchError", "DeepSpeedSetupError")),
+    ExitCode(10, "the gate refused its input: the evaluation saw failed searches (fix the "
+                 "retriever, re-run evaluate_policy)", ("GateInputError",)),
+    ExitCode(11, "the model registry has no version to act on (rollback without a "
+                 "previous-champion, or without a reason)", ("RegistryError",)),
     ExitCode(BUG, "a bug: the traceback is printed"),
 )
 

@@ -133,6 +133,13 @@ def test_every_class_in_the_table_exists_and_a_bug_keeps_its_traceback(
     from searchrl.retrieval.service import ServiceError
 
     assert exit_code_of(ServiceError("refused")) == 7
+    # A retriever that failed a stage, and a gate refusing an evaluation with failed searches,
+    # are expected errors with their own codes (not a bug's 70, nor the NO-GO's 1).
+    from searchrl.rl.rollout import RetrieverFailedError
+    from searchrl.stages import GateInputError
+
+    assert exit_code_of(RetrieverFailedError("3 of 3 search calls failed")) == 7
+    assert exit_code_of(GateInputError("failed searches")) == 10
     assert exit_code_of(KeyError("x")) is None  # not ours: a bug
     try:
         {}["x"]
