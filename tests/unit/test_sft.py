@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from searchrl.config import SFTConfig, SyntheticWorldConfig, TinyModelConfig
-from searchrl.data.synthetic import generate_world
+from searchrl.config import IndexConfig, SFTConfig, SyntheticWorldConfig, TinyModelConfig
+from searchrl.data.synthetic import SYNTHETIC_TYPES, generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
+from searchrl.retrieval.bm25 import BM25Index
+from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.actions import Answer, Search, parse_action
 from searchrl.train.demos import Demo, DemoError, build_demos, corpus_documents, world_demos
 from searchrl.train.sft import (
@@ -116,6 +118,26 @@ def test_examples_without_a_chain_are_skipped_and_counted() -> None:
     assert stats.skipped_no_chain == 1 and [d.example_id for d in demos] == [good.id]
     with pytest.raises(DemoError, match="supporting_doc_ids"):
         build_demos([bad], PASSAGES, TitleSearcher(WORLD.passages), prompt_fn=prompt)
+
+
+def test_real_bm25_at_top_1_gives_demos_of_every_question_type() -> None:
+    """The tiny config searches with BM25 and keeps one hit: every question type of the
+    world must survive the "gold passage retrieved" filter, or RL starts with no signal on
+    it (issue 25: all five organisation types had 0 demos, their twins outranked them)."""
+    cfg = SyntheticWorldConfig(seed=3, n_people=80, n_cities=20, n_countries=6,
+                               n_organisations=20, n_train=300, n_dev=4, n_test=4)
+
+    def bm25(passages: Sequence[Passage]) -> LocalSearcher:
+        index = BM25Index.build([p.contents for p in passages])
+        return LocalSearcher(passages, IndexConfig(retriever="bm25"), bm25=index)
+
+    demos, stats = world_demos(cfg, [101, 202], bm25, n_demos=400, prompt_fn=prompt, top_k=1)
+    types = {ex.type for seed in (101, 202)
+             for ex in generate_world(cfg.model_copy(update={"seed": seed})).splits["train"]}
+    assert {t for t in SYNTHETIC_TYPES if t.startswith("org_")} <= types
+    assert set(stats.by_type) == types, f"no demos for {types - set(stats.by_type)}"
+    assert stats.skipped_gold_not_retrieved == 0, stats.not_retrieved_by_type
+    assert sum(stats.by_type.values()) == stats.built == len(demos) == 400
 
 
 def _tiny(demos_text: list[str]):  # type: ignore[no-untyped-def]

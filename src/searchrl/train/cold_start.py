@@ -103,7 +103,14 @@ def _demonstrations(config: PipelineConfig, train_examples: Sequence[QAExample],
                       "sft_demos": stats.built,
                       "sft_demos_skipped_no_chain": stats.skipped_no_chain,
                       "sft_demos_skipped_not_retrieved": stats.skipped_gold_not_retrieved}
-                     | {f"sft_demos_{k}": v for k, v in stats.kinds.items()})
+                     | {f"sft_demos_{k}": v for k, v in stats.kinds.items()}
+                     # Extra worlds' skips and per-type counts too: with n_demos 0 (tiny) the
+                     # train-split figures above are all 0 and hid that no org demo was built.
+                     | {"sft_demos_extra_skipped_not_retrieved":
+                        extra_stats.skipped_gold_not_retrieved}
+                     | {f"sft_demos_type_{k}":
+                        stats.by_type.get(k, 0) + extra_stats.by_type.get(k, 0)
+                        for k in stats.by_type | extra_stats.by_type})
     return demos
 
 

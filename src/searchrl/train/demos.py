@@ -78,6 +78,9 @@ class DemoStats:
     skipped_no_chain: int = 0  # no supporting docs / doc missing from the corpus
     skipped_gold_not_retrieved: int = 0  # the searcher did not return the chain's passage
     kinds: dict[str, int] = field(default_factory=dict)
+    # Per question type: a type missing from `by_type` gets no SFT signal at all (issue 25).
+    by_type: dict[str, int] = field(default_factory=dict)
+    not_retrieved_by_type: dict[str, int] = field(default_factory=dict)
 
 
 class DemoError(ValueError):
@@ -153,9 +156,12 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
             rng.shuffle(order)
         ex, titles = usable[order[cursor % len(order)]]
         cursor += 1
+        qtype = ex.type or "unknown"
         if any(doc_of_title[t] not in {h.doc_id for h in hits[t]} for t in titles):
             stats.skipped_gold_not_retrieved += 1
+            _count(stats.not_retrieved_by_type, qtype)
             continue
+        _count(stats.by_type, qtype)
         kind: DemoKind = "gold"
         if baseline_fraction > 0.0 and rng.random() < baseline_fraction:
             kind = rng.choice(["no_search", "retrieve_once"])
@@ -171,6 +177,10 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
         stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
     stats.built = len(demos)
     return demos, stats
+
+
+def _count(counts: dict[str, int], key: str, n: int = 1) -> None:
+    counts[key] = counts.get(key, 0) + n
 
 
 def corpus_documents(passages: Sequence[Passage], info_fn: InfoFn = default_information
@@ -250,6 +260,8 @@ def world_demos(world_cfg: SyntheticWorldConfig, seeds: Sequence[int],
         total.built += stats.built
         total.skipped_no_chain += stats.skipped_no_chain
         total.skipped_gold_not_retrieved += stats.skipped_gold_not_retrieved
-        for k, v in stats.kinds.items():
-            total.kinds[k] = total.kinds.get(k, 0) + v
+        for mine, theirs in ((total.kinds, stats.kinds), (total.by_type, stats.by_type),
+                             (total.not_retrieved_by_type, stats.not_retrieved_by_type)):
+            for k, v in theirs.items():
+                _count(mine, k, v)
     return demos, total
