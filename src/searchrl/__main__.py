@@ -14,6 +14,9 @@ under `run.work_dir`.
                                     # DeepSpeed launcher starts (train.launch.mode=deepspeed)
     python -m searchrl evaluate   --config ...     # stage 5
     python -m searchrl gate       --config ...     # stage 6 (exit 0 on GO, 1 on NO-GO)
+    python -m searchrl rollback --reason TEXT --config ...
+                                    # point the registry's champion back at its
+                                    # previous-champion, recording why
     python -m searchrl apply-audit --decisions FILE [--steward NAME] --config ...
                                     # a steward's decisions on the label-noise audit's
                                     # suspect_labels*.jsonl -> validate.overrides_path
@@ -47,7 +50,7 @@ STAGE_COMMANDS = {"validate": "validate_gold_labels", "index": "build_index",
                   "curriculum": "filter_curriculum", "train": "train_policy",
                   "evaluate": "evaluate_policy", "gate": "decide_go_no_go"}
 COMMANDS = ["config", "generate-world", "prepare-data", "apply-audit", *STAGE_COMMANDS,
-            "train-rank"]
+            "train-rank", "rollback"]
 
 
 def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
@@ -95,11 +98,16 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         prepared = prepare_data(load_spec(args.spec), args.out)
         print(json.dumps({"data_yaml": str(args.out / "data.yaml"),
                           "counts": prepared.counts}, indent=2, default=str))
+        from searchrl.notify import gold_set_updated  # a Prefect trigger, when one listens
+
+        gold_set_updated("prepare-data", data_yaml=args.out / "data.yaml")
         return 0
     if command == "apply-audit":
         return _apply_audit(config, args)
     if command == "train-rank":
         return _train_rank(config, args)
+    if command == "rollback":
+        return _rollback(config, args)
     if command == "generate-world":
         from searchrl.data.synthetic import generate_world, write_world
         from searchrl.paths import StagePaths
@@ -135,6 +143,22 @@ def _train_rank(config: PipelineConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollback(config: PipelineConfig, args: argparse.Namespace) -> int:
+    """Restore the previous champion of `searchrl-<run.name>` (or eval.registry_model_name)
+    in the configured tracking store; the reason is recorded on the registry."""
+    from searchrl.tracking import check_tracking_store, resolve_tracking_uri, rollback
+
+    if not args.reason:
+        print("rollback needs --reason TEXT (recorded on the registry)", file=sys.stderr)
+        return 2
+    uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    check_tracking_store(uri, config.tracking.connect_timeout_s)
+    done = rollback(uri, config.registry_model_name, args.reason,
+                    alias=config.gate.registry_alias)
+    print(json.dumps(done, indent=2))
+    return 0
+
+
 def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
     """Merge decided audit rows into the overrides file; exit 1 when some conflict."""
     from searchrl.contracts.overrides import merge_audit_decisions
@@ -152,6 +176,10 @@ def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
     print(json.dumps({"overrides": str(target), "added": [o.id for o in merged.added],
                       "unchanged": merged.unchanged, "conflicts": merged.conflicts,
                       "undecided": merged.undecided}, indent=2))
+    if merged.added:
+        from searchrl.notify import gold_set_updated  # a Prefect trigger, when one listens
+
+        gold_set_updated("apply-audit", overrides=target, added=len(merged.added))
     return 1 if merged.conflicts else 0
 
 
@@ -167,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="apply-audit: the audit's suspect rows with `decision` filled in")
     parser.add_argument("--steward", default=None,
                         help="apply-audit: who decided (for rows that leave `steward` empty)")
+    parser.add_argument("--reason", default=None,
+                        help="rollback: why the champion is rolled back (recorded)")
     parser.add_argument("--mlflow-run-id", default=None,
                         help="log the stage into this existing MLflow run")
     parser.add_argument("--local_rank", type=int, default=0,

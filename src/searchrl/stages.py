@@ -43,7 +43,7 @@ from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes
 from searchrl.retrieval.provider import SearcherProvider, searchers_for
 from searchrl.sinks import MetricsSink, NullSink
 from searchrl.train.checkpoint import checkpoint_dir_lock
-from searchrl.train.cold_start import cold_start
+from searchrl.train.cold_start import SFT_KEY_FILE, cold_start
 from searchrl.train.grpo import train_policy_run
 from searchrl.train.launch import env_rank, launch_ranks
 from searchrl.train.selection import choose_policy
@@ -261,10 +261,12 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     if config.train.launch.mode == "inprocess":
         with checkpoint_dir_lock(out_dir / CHECKPOINTS):
             _begin(out_dir)
+            fetch_champion_start(config, out_dir, sink.tracking_uri)
             return run_training(config, dataset, index, curriculum, sink,
                                 searchers=searchers)
     with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
         _begin(out_dir)
+        fetch_champion_start(config, out_dir, sink.tracking_uri)
     # The ranks search through the flow's managed server (plain clients: no restarts there).
     searchers_for(config, searchers).ensure_service()
     launch_ranks(config, out_dir, mlflow_run_id=sink.run_id, tracking_uri=sink.tracking_uri)
@@ -275,6 +277,46 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
 
 
 CHECKPOINTS = "checkpoints"  # under the stage dir (grpo's TrainState.checkpoints)
+CHAMPION_START = "champion_start"  # train.init=champion: the downloaded champion policy
+
+
+def fetch_champion_start(config: PipelineConfig, out_dir: Path, tracking_uri: str | None
+                         ) -> Path | None:
+    """train.init=champion: download the registry's champion into `out_dir/champion_start`
+    (before any rank starts) and record where in `champion_start.json`; None for init=base."""
+    import shutil
+
+    from searchrl.tracking import download_registered_policy, resolve_tracking_uri
+
+    pointer = out_dir / f"{CHAMPION_START}.json"
+    pointer.unlink(missing_ok=True)
+    if config.train.init != "champion":
+        return None
+    uri = tracking_uri or resolve_tracking_uri(config.tracking.tracking_uri)
+    name, alias = config.registry_model_name, config.eval.champion_alias
+    shutil.rmtree(out_dir / CHAMPION_START, ignore_errors=True)
+    got = download_registered_policy(uri, name, alias, out_dir / CHAMPION_START)
+    if got is None:
+        raise StageInputError(
+            f"train.init=champion but {uri} has no {name}@{alias}: register a champion first "
+            "(a GO of the gate stage), or set train.init=base")
+    version = _registered_champion(config).rsplit(":", 1)[-1]
+    # The start's identity for resuming checkpoints (train/checkpoint.py run_identity).
+    atomic_write_text(got / SFT_KEY_FILE, json.dumps({"champion": name, "version": version}))
+    atomic_write_text(pointer, json.dumps({"dir": str(got), "model": name, "version": version}))
+    return got
+
+
+def champion_start(config: PipelineConfig, out_dir: Path) -> Path | None:
+    """The champion policy `fetch_champion_start` downloaded (None for train.init=base)."""
+    if config.train.init != "champion":
+        return None
+    pointer = out_dir / f"{CHAMPION_START}.json"
+    if not pointer.is_file():
+        raise StageInputError(f"{pointer} not found: train.init=champion starts from the "
+                              "champion the train stage downloads; run `python -m searchrl "
+                              "train`, not a rank alone")
+    return Path(json.loads(pointer.read_text())["dir"])
 
 
 def run_training(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
@@ -301,13 +343,20 @@ def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
     searcher = searchers.searcher(index.index_dir)
     dev = dataset.paths.get("dev")
+    start = champion_start(config, out_dir)
     result = train_policy_run(config, train_path, Path(dataset.corpus_path), searcher,
                               out_dir, sft_train_path=Path(dataset.paths["train"]),
-                              dev_path=Path(dev) if dev else None, sink=sink)
+                              dev_path=Path(dev) if dev else None, sink=sink, init_dir=start)
     choice = choose_policy(result, config.train)
+    # The SFT baselines stay the cold start (the curriculum stage's) when RL started from
+    # the champion, which is evaluated as its own baseline.
+    cold = out_dir / "sft"
+    sft_dir = cold if start is not None and (cold / "config.json").is_file() else result.sft_dir
+    sink.set_tags({"train.init": config.train.init}
+                  | ({"train.init_dir": str(start)} if start is not None else {}))
     ref = CheckpointRef(
         policy_dir=str(choice.policy_dir), fingerprint=fingerprint(choice.policy_dir),
-        sft_dir=str(result.sft_dir), metrics_path=str(result.metrics_path),
+        sft_dir=str(sft_dir), metrics_path=str(result.metrics_path),
         training_seconds=result.seconds + result.sft_seconds,
         # A resumed run costs its earlier attempts too (up to the checkpoint resumed from).
         seconds=time.perf_counter() - started + result.earlier_attempts_seconds,
@@ -416,15 +465,25 @@ def _champion_version(config: PipelineConfig) -> str:
     """A newly registered champion invalidates the cached evaluation."""
     if "champion" not in config.eval.baselines:
         return "champion:not-requested"
+    return _registered_champion(config)
+
+
+def _registered_champion(config: PipelineConfig) -> str:
+    """`champion:<model>:<version>` (`none` when nothing is registered), for cache keys."""
     from searchrl.tracking import registered_policy, resolve_tracking_uri
 
+    name = config.registry_model_name
     try:
         uri = resolve_tracking_uri(config.tracking.tracking_uri)
-        found = registered_policy(uri, config.eval.registry_model_name,
-                                  config.eval.champion_alias)
+        found = registered_policy(uri, name, config.eval.champion_alias)
     except Exception:  # an unreachable store must not break cache-key computation
-        return "champion:unknown"
-    return f"champion:{found['version'] if found else 'none'}"
+        return f"champion:{name}:unknown"
+    return f"champion:{name}:{found['version'] if found else 'none'}"
+
+
+def _train_start(config: PipelineConfig) -> str:
+    """train.init=champion: the champion version training starts from is a training input."""
+    return _registered_champion(config) if config.train.init == "champion" else "init:base"
 
 
 # --- 6. decide_go_no_go
@@ -443,24 +502,19 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
     costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
     evaluated = load_eval_result(evaluation.results_path)
     refuse_search_failures(evaluated, evaluation.results_path)
+    tracked = sink.tracking_uri is not None and sink.run_id is not None
+    champion = _current_champion(config, sink.tracking_uri) if tracked else None
     outcome = write_gate_report(
         config, evaluated, out_dir,
         gold_pairs=count_rows(dataset.paths.get("train")), stages=costs,
-        metrics_path=checkpoint.metrics_path, cost_notes=notes)
+        metrics_path=checkpoint.metrics_path, cost_notes=notes, champion_version=champion)
     result = outcome.result
     sink.set_tags({"decision": result.label})
     sink.log_metrics({k: v for k, v in outcome.figures.items() if math.isfinite(v)})
     sink.log_artifact(out_dir, "report")
-    if result.go and sink.tracking_uri is not None and sink.run_id is not None:
-        from searchrl.tracking import register_policy
-
-        version = register_policy(
-            sink.tracking_uri, sink.run_id, Path(checkpoint.policy_dir),
-            config.eval.registry_model_name, config.gate.registry_alias,
-            tags={"decision": "GO", "policy_fingerprint": checkpoint.fingerprint,
-                  "data.train": dataset.fingerprints.get("train", ""),
-                  "data.corpus": dataset.corpus_fingerprint})
-        sink.set_tags({"registered_version": version})
+    if tracked:
+        sink.set_tags(_register_candidate(config, dataset, checkpoint, evaluation,
+                                          outcome.figures, go=result.go, sink=sink))
     if result.go and dataset.digest_dir and Path(dataset.digest_dir).is_dir():
         # The champion's gold set: what the next validation's drift is measured against.
         keep_digest(Path(dataset.digest_dir), history_dir(config.run.work_dir) / "champion")
@@ -469,6 +523,42 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
         report_md=str(outcome.md_path), figures=outcome.figures,
         files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
         mlflow_run_id=sink.run_id), out_dir)
+
+
+def _current_champion(config: PipelineConfig, uri: str | None) -> str | None:
+    """The version the registry's champion alias points at (None: none registered)."""
+    from searchrl.tracking import registered_policy
+
+    if uri is None:
+        return None
+    found = registered_policy(uri, config.registry_model_name, config.gate.registry_alias)
+    return found["version"] if found else None
+
+
+def _register_candidate(config: PipelineConfig, dataset: DatasetRef, checkpoint: CheckpointRef,
+                        evaluation: EvalRef, figures: dict[str, float], *, go: bool,
+                        sink: MetricsSink) -> dict[str, str]:
+    """Every candidate becomes a version aliased `challenger`, tagged with the decision, its
+    figures and data fingerprints; a GO moves `champion` to it (the replaced version kept as
+    `previous-champion`). Returns the run tags that say so."""
+    from searchrl.tracking import CHALLENGER, promote, register_policy
+
+    assert sink.tracking_uri is not None and sink.run_id is not None
+    name = config.registry_model_name
+    tags = ({"decision": "GO" if go else "NO-GO", "policy_fingerprint": checkpoint.fingerprint,
+             "eval_fingerprint": evaluation.fingerprint, "train_init": config.train.init,
+             "run_name": config.run.name, "gate_run_id": sink.run_id}
+            | {f"data.{k}": v for k, v in sorted(dataset.fingerprints.items())}
+            | {"data.corpus": dataset.corpus_fingerprint}
+            | {f"figure.{k}": f"{v:.6g}" for k, v in sorted(figures.items())})
+    version = register_policy(sink.tracking_uri, sink.run_id, Path(checkpoint.policy_dir), name,
+                              CHALLENGER, tags=tags)
+    out = {"registered_model": name, "registered_version": version}
+    if go:
+        replaced = promote(sink.tracking_uri, name, version, config.gate.registry_alias)
+        out |= {"promoted_to": config.gate.registry_alias,
+                "previous_champion": replaced or "none"}
+    return out
 
 
 class GateInputError(RuntimeError):
@@ -527,7 +617,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("validate_gold_labels", validate_gold_labels, _validation_inputs),
     Stage("build_index", build_index),
     Stage("filter_curriculum", filter_curriculum),
-    Stage("train_policy", train_policy),
+    Stage("train_policy", train_policy, _train_start),
     Stage("evaluate_policy", evaluate_policy, _champion_version),
     Stage("decide_go_no_go", decide_go_no_go, _curriculum_cost),
 )}

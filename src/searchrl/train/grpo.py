@@ -100,12 +100,14 @@ __all__ = ["TrainResult", "TrainerState", "setup_trainer", "train_grpo", "train_
 def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path,
                      searcher: Searcher, out_dir: Path, *, sft_train_path: Path | None = None,
                      dev_path: Path | None = None, sink: MetricsSink | None = None,
-                     progress: bool = True) -> TrainResult:
+                     progress: bool = True, init_dir: Path | None = None) -> TrainResult:
     """Cold start (cached in `out_dir/sft`) then GRPO on `train_path` (curriculum order).
 
     `sft_train_path` is the split the demonstrations come from (default `train_path`); the
     pipeline passes the validated train split so the cold start the curriculum stage made is
-    reused (same key). `dev_path` questions feed the greedy learning curve.
+    reused (same key). `dev_path` questions feed the greedy learning curve. `init_dir` (a
+    saved policy, e.g. the registry's champion under train.init=champion) replaces the cold
+    start as GRPO's start: no cold start is built and none is charged.
     """
     train = read_qa(train_path)
     if not train:
@@ -115,11 +117,14 @@ def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path
     t0 = time.perf_counter()
     # Several ranks: rank 0 builds (or finds) the cold start, the others then reuse its key.
     ds.init_distributed(resolve_device(config.run.device))
-    if ds.rank() == 0:
-        cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
-    ds.barrier()
-    sft_dir = cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
-    sft_seconds = cold_start_seconds(sft_dir, time.perf_counter() - t0)
+    if init_dir is not None:
+        sft_dir, sft_seconds = init_dir, 0.0
+    else:
+        if ds.rank() == 0:
+            cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
+        ds.barrier()
+        sft_dir = cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
+        sft_seconds = cold_start_seconds(sft_dir, time.perf_counter() - t0)
     dev = read_qa(dev_path)[: config.train.eval_questions] if dev_path else []
     result = train_grpo(config, train, searcher, sft_dir, out_dir, sink=sink, eval_examples=dev,
                         progress=progress)
