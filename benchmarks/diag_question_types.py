@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _generator(rev: str | None) -> Callable[[SyntheticWorldConfig], Any]:
     if rev is None:
         from searchrl.data.synthetic import generate_world
-        return generate_world
+        current: Callable[[SyntheticWorldConfig], Any] = generate_world
+        return current
     source = subprocess.run(
         ["git", "-C", str(ROOT), "show", f"{rev}:src/searchrl/data/synthetic.py"],
         check=True, capture_output=True, text=True).stdout
