@@ -39,10 +39,14 @@ def serving(app: FastAPI) -> Iterator[str]:
 
 
 class RecordingSink(NullSink):
-    """Keeps the metrics logged to it (the last value of each key)."""
+    """Keeps the metrics logged to it (the last value of each key) and the artifact paths."""
 
     def __init__(self) -> None:
         self.metrics: dict[str, float] = {}
+        self.artifacts: list[Path] = []
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.artifacts.append(Path(path))
 
     def log_metrics(self, metrics: object, step: int | None = None) -> None:
         assert isinstance(metrics, dict)

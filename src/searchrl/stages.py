@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,14 @@ from searchrl.contracts.drift import history_dir, keep_digest
 from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.stage import run_curriculum
-from searchrl.data.io import DataError, atomic_write_text, fingerprint, read_passages, read_qa
+from searchrl.data.io import (
+    DataError,
+    atomic_write_text,
+    fingerprint,
+    publish_dir,
+    read_passages,
+    read_qa,
+)
 from searchrl.data.sources import source_fingerprint
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
@@ -106,6 +114,16 @@ def read_ref(kind: type[R], stage_dir: Path, stage_cli: str) -> R:
 def _begin(stage_dir: Path) -> None:
     stage_dir.mkdir(parents=True, exist_ok=True)
     (stage_dir / REF_FILE).unlink(missing_ok=True)
+
+
+def _begin_fresh(stage_dir: Path) -> None:
+    """An empty `stage_dir`: what an earlier run left (another config's systems, a champion,
+    report files) is neither this run's output nor its artifact. The old directory goes in
+    one exchange (`publish_dir` of an empty one); the stage then writes in place, as its
+    results record their absolute paths, and its ref.json, written last, marks it complete."""
+    stage_dir.parent.mkdir(parents=True, exist_ok=True)
+    publish_dir(Path(tempfile.mkdtemp(prefix=f".{stage_dir.name}.new-", dir=stage_dir.parent)),
+                stage_dir)
 
 
 def _finish(ref: R, stage_dir: Path) -> R:
@@ -408,7 +426,7 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
     up in the sink's tracking store."""
     started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).eval_dir
-    _begin(out_dir)
+    _begin_fresh(out_dir)
     split = config.eval.split
     if split not in dataset.paths:
         raise StageInputError(f"eval.split={split!r} is not in the validated dataset "
@@ -497,7 +515,7 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
     the gate's inputs do not include it), training and evaluation."""
     paths = StagePaths(config.run.work_dir)
     out_dir = paths.gate_dir
-    _begin(out_dir)
+    _begin_fresh(out_dir)
     sink.log_params(config.to_dict()["gate"])
     costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
     evaluated = load_eval_result(evaluation.results_path)

@@ -177,7 +177,11 @@ def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
                          corpus_fingerprint="", fingerprint="x")
     ckpt = CheckpointRef(policy_dir=str(tmp_path), fingerprint="p", seconds=1800.0, devices=2)
     evaluation = EvalRef(results_path=str(results), fingerprint="e", seconds=900.0)
+    stale = work / "decide_go_no_go" / "report_old.html"  # an earlier run's: not published
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old")
     no_cur = decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+    assert not stale.exists()
     assert no_cur.figures["curriculum_device_hours"] == 0.0
     assert "curriculum stage" in Path(no_cur.report_md or "").read_text()
     cur_dir = StagePaths(work).curriculum_dir

@@ -139,9 +139,18 @@ def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
                          extra_corpora={"other": str(other_corpus)})
     index = IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25")
     ckpt = CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir))
+    # What an earlier run with another config left: not this run's output nor artifact.
+    stale = [work / "evaluate_policy" / "questions_champion.jsonl",
+             work / "evaluate_policy" / "champion" / "config.json"]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
     sink = RecordingSink()
     ref = evaluate_policy(config, dataset, index, ckpt, sink)
     assert ref.seconds > 0 and ref.devices == 1
+    assert not any(path.exists() for path in stale)
+    uploaded = {p.name for p in sink.artifacts}
+    assert "questions_champion.jsonl" not in uploaded and RESULTS_FILE in uploaded
     result = load_eval_result(ref.results_path)
     assert result.n_questions == 5 and set(result.systems) == {"retrieve_once", TRAINED}
     one = result.extra_sets["other"]
