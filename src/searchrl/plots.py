@@ -9,13 +9,39 @@ from __future__ import annotations
 import base64
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
 from searchrl.data.io import atomic_write_bytes
+
+# One colour per evaluated system in every plot of a report: the known systems pinned (so the
+# same system looks the same across reports too), any other name a spare colour in the order
+# it is first seen. Plots that colour by position gave `trained` a different colour wherever a
+# plot showed a subset of the systems (issue 25, item 3b).
+SYSTEM_COLORS: dict[str, str] = {
+    "no_search": "tab:blue", "retrieve_once": "tab:orange", "sft": "tab:green",
+    "trained": "tab:red", "frontier": "tab:purple", "champion": "tab:brown",
+}
+_SPARE_COLORS = ("tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+
+
+def system_colors(names: Iterable[str]) -> dict[str, str]:
+    """System name -> matplotlib colour for every name in `names` (pass all systems a report
+    shows, in display order, and use the result for every plot)."""
+    colors: dict[str, str] = {}
+    spare = 0
+    for name in names:
+        if name in colors:
+            continue
+        if name in SYSTEM_COLORS:
+            colors[name] = SYSTEM_COLORS[name]
+        else:
+            colors[name] = _SPARE_COLORS[spare % len(_SPARE_COLORS)]
+            spare += 1
+    return colors
 
 
 def _render(fig: Figure, fmt: str, dpi: int, bbox_inches: str | None = None) -> bytes:

@@ -31,7 +31,7 @@ from searchrl.gate.payback import (
     StageCost,
     payback_curve,
 )
-from searchrl.plots import figure_png_base64
+from searchrl.plots import figure_png_base64, system_colors
 from searchrl.tables import html_table, markdown_table
 
 
@@ -276,6 +276,11 @@ def _placeholder(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def _colors(r: ReportInputs) -> dict[str, str]:
+    """One colour per system for every plot of the report (searchrl.plots.system_colors)."""
+    return system_colors([*r.systems, *r.by_hops, *r.by_confidence])
+
+
 def _plot_em_by_system(r: ReportInputs) -> Figure:
     fig = Figure(figsize=(6, 3.2))
     ax = fig.subplots()
@@ -285,8 +290,7 @@ def _plot_em_by_system(r: ReportInputs) -> Figure:
             zip(names, means, strict=True)]
     highs = [max(0.0, r.systems[n].em.hi - m) if math.isfinite(m) else 0 for n, m in
              zip(names, means, strict=True)]
-    # The colour cycle in system order, so a system has one colour across every plot.
-    colors = [f"C{i}" for i in range(len(names))]
+    colors = [_colors(r)[n] for n in names]
     ax.bar(names, [m if math.isfinite(m) else 0 for m in means], yerr=[lows, highs],
            capsize=4, color=colors)
     ax.set_ylabel("exact match")
@@ -295,7 +299,8 @@ def _plot_em_by_system(r: ReportInputs) -> Figure:
     return fig
 
 
-def _grouped_bars(ax: Any, groups: dict[str, dict[str, Summary]], value: str) -> None:
+def _grouped_bars(ax: Any, groups: dict[str, dict[str, Summary]], value: str,
+                  colors: dict[str, str]) -> None:
     systems = list(groups)
     keys = sorted({k for g in groups.values() for k in g})
     width = 0.8 / max(len(systems), 1)
@@ -305,20 +310,21 @@ def _grouped_bars(ax: Any, groups: dict[str, dict[str, Summary]], value: str) ->
             s = groups[system].get(k)
             v = (s.em.mean if value == "em" else s.searches_per_question) if s else math.nan
             vals.append(v if math.isfinite(v) else 0.0)
-        ax.bar([j + i * width for j in range(len(keys))], vals, width=width, label=system)
+        ax.bar([j + i * width for j in range(len(keys))], vals, width=width, label=system,
+               color=colors[system])
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(keys))], keys)
     ax.legend(fontsize=7)
 
 
 def _bars_figure(groups: dict[str, dict[str, Summary]], value: str, ylabel: str, title: str,
-                 empty: str) -> Figure:
+                 empty: str, colors: dict[str, str]) -> Figure:
     """Grouped bars of `value` per system and group (a placeholder when there are none)."""
     fig = Figure(figsize=(6, 3.2))
     ax = fig.subplots()
     if not groups:
         _placeholder(ax, empty)
     else:
-        _grouped_bars(ax, groups, value)
+        _grouped_bars(ax, groups, value, colors)
         ax.set_ylabel(ylabel)
         if value == "em":
             ax.set_ylim(0, 1)
@@ -327,18 +333,19 @@ def _bars_figure(groups: dict[str, dict[str, Summary]], value: str, ylabel: str,
 
 
 def _plot_em_by_hops(r: ReportInputs) -> Figure:
-    return _bars_figure(r.by_hops, "em", "exact match", "EM by hop count", "no results")
+    return _bars_figure(r.by_hops, "em", "exact match", "EM by hop count", "no results",
+                        _colors(r))
 
 
 def _plot_searches(r: ReportInputs) -> Figure:
     return _bars_figure(r.by_hops, "searches", "searches per question",
-                        "Searches per question by hop count", "no results")
+                        "Searches per question by hop count", "no results", _colors(r))
 
 
 def _plot_em_by_confidence(r: ReportInputs) -> Figure:
     return _bars_figure(r.by_confidence, "em", "exact match",
                         "EM by retrieval confidence (first search's top-1 score)",
-                        "no retrieval scores recorded")
+                        "no retrieval scores recorded", _colors(r))
 
 
 def _plot_training(r: ReportInputs) -> Figure:
