@@ -134,3 +134,14 @@ def test_no_champion_yet_is_stated_and_a_skipped_registered_one_fails(tmp_path: 
                                 training_curve={}, champion_version="2")
     assert [c.name for c in result.failed] == ["champion"]
     assert "re-run evaluate_policy" in report.champion
+
+
+def test_the_decision_box_says_what_training_started_from(tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {FRONTIER: 0.2, TRAINED: 0.6})
+    config = PipelineConfig.model_validate({
+        "run": {"name": "world-b"}, "gate": GATE, "eval": {"frontier": FRONTIER_CFG},
+        "train": {"init": "champion"}})
+    _, report = build_gate(config, ev, gold_pairs=500, stages=STAGES, training_curve={})
+    assert "continued from the registry's champion (searchrl-world-b@champion" in report.start
+    assert "not the champion's own training" in report.start
+    assert 'id="train-start"' in render_html(report)
