@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from searchrl.data.io import publish_dir
 from searchrl.sinks import MetricsSink, NullSink
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -336,15 +338,24 @@ def download_registered_policy(uri: str, name: str, alias: str, dst: Path) -> Pa
     found = registered_policy(uri, name, alias)
     if found is None:
         return None
-    dst.mkdir(parents=True, exist_ok=True)
-    got = Path(mlflow.artifacts.download_artifacts(
-        artifact_uri=found["source"], dst_path=str(dst), tracking_uri=uri))
-    if not (got / "MLmodel").is_file():
-        return got  # registered before policies were logged as MLflow models
-    # The transformers flavor keeps the weights in model/ and the tokenizer in
-    # components/tokenizer/: one directory is what the loaders here read.
-    model_dir = got / "model"
-    for file in sorted((got / "components" / "tokenizer").glob("*")):
-        if file.is_file():
-            shutil.copy2(file, model_dir / file.name)
-    return model_dir
+    # Into a fresh directory, published whole at `dst`: an earlier champion's files (another
+    # layout, a tokenizer file this one lacks) never mix into this one.
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.new-", dir=dst.parent))
+    try:
+        got = Path(mlflow.artifacts.download_artifacts(
+            artifact_uri=found["source"], dst_path=str(tmp), tracking_uri=uri))
+        # Registered before policies were logged as MLflow models: the directory as is.
+        if (got / "MLmodel").is_file():
+            # The transformers flavor keeps the weights in model/ and the tokenizer in
+            # components/tokenizer/: one directory is what the loaders here read.
+            for file in sorted((got / "components" / "tokenizer").glob("*")):
+                if file.is_file():
+                    shutil.copy2(file, got / "model" / file.name)
+            got = got / "model"
+        inside = got.resolve().relative_to(tmp.resolve())
+        publish_dir(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst / inside

@@ -51,9 +51,17 @@ def test_registered_alias_loads_through_mlflow_and_generates(tmp_path: Path,
     assert out[0]["generated_text"].startswith("who is the")
     assert len(pipe.tokenizer(out[0]["generated_text"])["input_ids"]) > \
         len(pipe.tokenizer("who is the")["input_ids"])
-    # The evaluation's champion baseline: one save_pretrained dir, same weights.
+    # The evaluation's champion baseline: one save_pretrained dir, same weights; an earlier
+    # champion's files in the folder are gone (a fresh directory, published whole).
+    stale = [tmp_path / "dl" / "adapter_config.json",
+             tmp_path / "dl" / "model" / "pytorch_model.bin"]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("an earlier champion")
     got = download_registered_policy(uri, "policy-x", "champion", tmp_path / "dl")
     assert got is not None and (got / "config.json").is_file()
+    assert not any(path.exists() for path in stale)
+    assert got.is_relative_to(tmp_path / "dl") and not list(tmp_path.glob(".dl.*"))
     assert (got / "tokenizer.json").is_file()
     ours, theirs = load_file(policy / "model.safetensors"), load_file(got / "model.safetensors")
     assert set(ours) == set(theirs) and all((ours[k] == theirs[k]).all() for k in ours)
