@@ -3,6 +3,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from searchrl.config import SyntheticWorldConfig
 from searchrl.data.io import read_manifest, read_passages, read_qa
 from searchrl.data.synthetic import generate_world, write_world
@@ -106,3 +108,9 @@ def test_organisation_distractors_share_the_name_but_not_the_kind() -> None:
         word, kind = org.rsplit(" ", 1)
         twins = [t for t in titles if t != org and t.startswith(f"{word} ")]
         assert twins and all(not t.endswith(f" {kind}") for t in twins), (org, twins)
+
+
+def test_too_many_organisation_distractors_name_the_setting() -> None:
+    many = SMALL.model_copy(update={"distractors_per_entity": 5})
+    with pytest.raises(ValueError, match="distractors_per_entity"):
+        generate_world(many)

@@ -154,7 +154,9 @@ def _org_twin(org: str, taken: set[str], rng: random.Random) -> str:
         if twin not in taken:
             taken.add(twin)
             return twin
-    raise ValueError(f"synthetic world: no free distractor title for organisation {org!r}")
+    raise ValueError(f"synthetic world: no free distractor title for organisation {org!r} "
+                     f"(each organisation has {len(_ORG_KINDS)}); lower "
+                     "data.synthetic.distractors_per_entity")
 
 
 def _candidate_questions(world: World) -> list[tuple[str, int, str, str, list[str], str]]:
