@@ -277,6 +277,16 @@ class IndexConfig(_Section):
     # Batch and device change embeddings in the last bits: kept in the key.
     encoder_batch_size: Annotated[int, _DENSE] = Field(64, ge=1)
     encoder_device: Annotated[Literal["cpu", "cuda", "auto"], _DENSE] = "auto"
+    # Encoder precision. auto: float16 where the encoder runs on CUDA (half the time and
+    # memory), float32 on CPU. float16 moves vectors ~1e-3 from float32: it shapes them.
+    encoder_dtype: Annotated[Literal["auto", "float32", "float16"], _DENSE] = "auto"
+    # Passages per embedding shard: the unit written to the embedding cache as it finishes (a
+    # killed build resumes at the next unfinished shard) and given to one worker. Batches are
+    # cut within a shard, which moves vectors in the last bits (<= 1e-7): in the key.
+    encoder_shard_size: Annotated[int, _DENSE] = Field(8192, ge=1)
+    # Processes embedding shards at once, each with its own model: 0 = one per visible GPU
+    # (1 on CPU). Vectors are identical for any count (tests/unit/test_embedding_shards.py).
+    encoder_workers: Annotated[int, OPERATIONAL] = Field(0, ge=0)
     # None -> "query: " / "passage: " for e5 encoders, "" otherwise.
     query_prefix: str | None = None
     passage_prefix: Annotated[str | None, _DENSE] = None

@@ -97,10 +97,25 @@ def _device(setting: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class Encoder:
-    """A sentence-transformers model that embeds batches into normalised float32 vectors."""
+def encoder_device(config: IndexConfig) -> str:
+    """"cuda" or "cpu": `index.encoder_device` with auto resolved on this machine."""
+    return _device(config.encoder_device)
 
-    def __init__(self, config: IndexConfig) -> None:
+
+def encoder_dtype(config: IndexConfig) -> str:
+    """"float16" or "float32": `index.encoder_dtype` with auto resolved (float16 on CUDA)."""
+    if config.encoder_dtype != "auto":
+        return config.encoder_dtype
+    return "float16" if encoder_device(config).startswith("cuda") else "float32"
+
+
+class Encoder:
+    """A sentence-transformers model that embeds batches into normalised float32 vectors.
+
+    `device` overrides `index.encoder_device` (a worker's own GPU, e.g. "cuda:3"). In float16
+    the model's outputs are normalised in float32 (a float16 norm loses ~3 digits)."""
+
+    def __init__(self, config: IndexConfig, device: str | None = None) -> None:
         path = resolve_encoder_path(config.encoder)
         if path is None:
             encoder_hash(config.encoder)  # raises the explanatory EncoderError
@@ -109,12 +124,16 @@ class Encoder:
         from sentence_transformers import SentenceTransformer
 
         try:
-            self.model = SentenceTransformer(str(path), device=_device(config.encoder_device))
+            self.model = SentenceTransformer(str(path),
+                                             device=device or encoder_device(config))
         except Exception as exc:  # sentence-transformers raises several unrelated types
             raise EncoderError(f"index.encoder={config.encoder!r}: cannot load from {path}: "
                                f"{exc}") from exc
         self.name = config.encoder
         self.batch_size = config.encoder_batch_size
+        self.half = encoder_dtype(config) == "float16"
+        if self.half:
+            self.model.half()
         self.query_prefix, self.passage_prefix = prefixes(config)
 
     @property
@@ -129,9 +148,12 @@ class Encoder:
 
     def _encode(self, texts: Sequence[str]) -> FloatArray:
         emb = self.model.encode(list(texts), batch_size=self.batch_size,
-                                normalize_embeddings=True, convert_to_numpy=True,
+                                normalize_embeddings=not self.half, convert_to_numpy=True,
                                 show_progress_bar=False)
-        return np.ascontiguousarray(emb, dtype=np.float32)
+        out = np.ascontiguousarray(emb, dtype=np.float32)
+        if self.half:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
 
     def encode_queries(self, queries: Sequence[str]) -> FloatArray:
         return self._encode([self.query_prefix + q for q in queries])
@@ -199,8 +221,42 @@ def faiss_params(config: IndexConfig, n: int, dim: int) -> FaissParams:
     return FaissParams(kind, dim, nlist=nlist, pq_m=config.pq_m, pq_nbits=nbits)
 
 
+# Rows added to a faiss index at once: a memory-mapped embeddings file is read this much at a
+# time, never whole.
+FAISS_ADD_CHUNK = 65_536
+# faiss' k-means samples at most 256 training points per centroid (and warns above).
+MAX_POINTS_PER_CENTROID = 256
+
+
+def training_rows(params: FaissParams, n: int, seed: int = 0) -> NDArray[np.int64]:
+    """The rows an IVF/PQ index trains on: all when `n` is within what k-means would use
+    (256 per IVF centroid, 256 per PQ code), else a seeded sample of that many, sorted."""
+    if params.kind not in ("IVF", "IVF-PQ"):
+        return np.zeros(0, dtype=np.int64)
+    need = MAX_POINTS_PER_CENTROID * params.nlist
+    if params.kind == "IVF-PQ":
+        need = max(need, MAX_POINTS_PER_CENTROID * 2 ** params.pq_nbits)
+    if n <= need:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, size=need, replace=False))
+
+
 def build_faiss(embeddings: FloatArray, params: FaissParams) -> faiss.Index:
-    """A CPU faiss index over normalised embeddings (inner product = cosine)."""
+    """A CPU faiss index over normalised embeddings (inner product = cosine), trained on a
+    sample (`training_rows`) and filled `FAISS_ADD_CHUNK` rows at a time, so `embeddings`
+    may be a memory-mapped file larger than memory (Flat and HNSW still hold the vectors)."""
+    index = new_faiss(params)
+    if not index.is_trained:
+        index.train(np.ascontiguousarray(embeddings[training_rows(params, len(embeddings))],
+                                         dtype=np.float32))
+    for start in range(0, len(embeddings), FAISS_ADD_CHUNK):
+        index.add(np.ascontiguousarray(embeddings[start:start + FAISS_ADD_CHUNK],
+                                       dtype=np.float32))
+    return index
+
+
+def new_faiss(params: FaissParams) -> faiss.Index:
+    """An empty (untrained) index of `params`' type."""
     dim = params.dim
     metric = faiss.METRIC_INNER_PRODUCT
     index: faiss.Index
@@ -216,9 +272,6 @@ def build_faiss(embeddings: FloatArray, params: FaissParams) -> faiss.Index:
                                  params.pq_nbits, metric)
     else:
         raise ValueError(f"unknown faiss index type {params.kind!r}")
-    if not index.is_trained:
-        index.train(embeddings)
-    index.add(embeddings)
     return index
 
 

@@ -5,7 +5,10 @@ On-disk layout, one directory per corpus (the stage directory holds one per corp
     <corpus_dir>/passages/    passages.jsonl  ids, titles, *neutralised* contents (returned)
                               offsets.npy     byte offset of each line (+ the end)
     <corpus_dir>/bm25/        bm25s index + its tokenizer (score arrays memory-mapped)
-    <corpus_dir>/embeddings/  embeddings.npy  (normalised, row i = passage i)
+    <corpus_dir>/embeddings/  embeddings.npy  (normalised, row i = passage i), assembled from
+                              the embedding cache (retrieval/embedding.py): vectors by passage
+                              text hash, <stage dir>/embedding_cache/ (build_indexes) or
+                              <corpus_dir>/embedding_cache/ (build_index alone)
     <corpus_dir>/faiss/       index.faiss
     <corpus_dir>/scan.json    poisoning scan report
     <corpus_dir>/manifest.json
@@ -31,7 +34,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -59,11 +62,13 @@ from searchrl.retrieval.dense import (
     DenseIndex,
     Encoder,
     build_faiss,
+    encoder_dtype,
     encoder_hash,
     faiss_params,
     prefixes,
     prepare_for_search,
 )
+from searchrl.retrieval.embedding import EmbeddingCache, embed_corpus
 from searchrl.retrieval.hybrid import rrf_fuse
 from searchrl.retrieval.scan import ScanReport, scan_corpus
 from searchrl.sinks import MetricsSink
@@ -231,7 +236,8 @@ def _embeddings_key(corpus_fp: str, config: IndexConfig) -> dict[str, Any]:
     return {"format": FORMAT_VERSION, "corpus_fingerprint": corpus_fp,
             "settings": inputs_of(config, "index.dense"),
             "encoder_hash": encoder_hash(config.encoder),
-            "passage_prefix": prefixes(config)[1]}  # None resolves by encoder name
+            "passage_prefix": prefixes(config)[1],  # None resolves by encoder name
+            "dtype": encoder_dtype(config)}  # auto resolves by device
 
 
 def _faiss_key(embeddings_key: dict[str, Any], config: IndexConfig) -> dict[str, Any]:
@@ -344,9 +350,10 @@ class _Components:
     (`_component`); the corpus is parsed only if some component must be built."""
 
     def __init__(self, corpus_path: Path, out_dir: Path, config: IndexConfig,
-                 progress: bool) -> None:
+                 progress: bool, embedding_cache: Path | None = None) -> None:
         self.corpus_path, self.out_dir, self.config = corpus_path, out_dir, config
         self.progress = progress
+        self.embedding_cache = embedding_cache or out_dir / "embedding_cache"
         self.corpus_fp = fingerprint(corpus_path)
         self.manifests: dict[str, dict[str, Any]] = {}
         self.reused: dict[str, bool] = {}
@@ -413,14 +420,18 @@ class _Components:
         return {}
 
     def _embeddings(self, tmp: Path) -> dict[str, Any]:
-        self.encoder = Encoder(self.config)
-        emb = self.encoder.encode_passages([p.contents for p in self.corpus()],
-                                           progress=self.progress)
-        np.save(tmp / "embeddings.npy", emb)
-        return {"dim": int(emb.shape[1]), "rows": int(emb.shape[0])}
+        """Streamed, in resumable shards, reusing cached vectors by passage text."""
+        def texts() -> Iterator[list[str]]:
+            return ([p.contents for p in chunk]
+                    for chunk in iter_passage_chunks(self.corpus_path, CORPUS_CHUNK))
+
+        report = embed_corpus(texts, EmbeddingCache(self.embedding_cache, self.config),
+                              self.config, tmp / "embeddings.npy", progress=self.progress)
+        self.encoder = report.encoder
+        return report.manifest()
 
     def _faiss(self, tmp: Path) -> dict[str, Any]:
-        emb = np.load(self.out_dir / "embeddings" / "embeddings.npy")
+        emb = np.load(self.out_dir / "embeddings" / "embeddings.npy", mmap_mode="r")
         params = faiss_params(self.config, emb.shape[0], emb.shape[1])
         faiss.write_index(build_faiss(emb, params), str(tmp / "index.faiss"))
         return {"params": params.to_dict()}
@@ -438,17 +449,27 @@ class _Components:
                               for c, m in manifests.items()}}
         if "faiss" in manifests:
             top["faiss"] = manifests["faiss"]["params"]
+        if "embeddings" in manifests:  # passage vectors reused (whole component, or cache)
+            emb = manifests["embeddings"]
+            built = not self.reused["embeddings"]
+            top["embeddings"] = {
+                "passages_reused": emb.get("passages_reused", 0) if built else emb["rows"],
+                "passages_embedded": emb.get("passages_embedded", emb["rows"]) if built else 0,
+                "cache_dir": emb.get("cache_dir")}
         return top
 
 
 def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
                 eval_sets: dict[str, Path] | None, sink: MetricsSink, *,
-                name: str = MAIN_CORPUS, progress: bool = True) -> IndexBuildResult:
+                name: str = MAIN_CORPUS, progress: bool = True,
+                embedding_cache: Path | None = None) -> IndexBuildResult:
     """Index one corpus into `out_dir` (reusing components whose manifests match), scan it
     for poisoning, measure recall@k on `eval_sets` (name -> QA file with supporting_doc_ids),
     and log metrics (prefixed `name.`) and the scan report to `sink`.
 
     `out_dir/manifest.json` is written last; while it is absent the index is not complete.
+    Passage vectors are cached by text under `embedding_cache` (default
+    `out_dir/embedding_cache`) and reused by later builds.
     """
     start = time.perf_counter()
     out_dir = Path(out_dir)
@@ -456,7 +477,7 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
     _remove_stale_temps(out_dir)
     (out_dir / DIR_MANIFEST).unlink(missing_ok=True)
     wanted = components_for(config)
-    components = _Components(Path(corpus_path), out_dir, config, progress)
+    components = _Components(Path(corpus_path), out_dir, config, progress, embedding_cache)
     components.build(wanted)
     top = components.index_manifest(name, wanted)
     atomic_write_text(out_dir / DIR_MANIFEST, json.dumps(top, indent=2, sort_keys=True))
@@ -531,7 +552,7 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
     for name, built in aliases.items():
         measured.setdefault(built, {}).update(eval_sets.get(name, {}))
     results = [build_index(corpora[name], stage_dir / name, config, sets, sink, name=name,
-                           progress=progress)
+                           progress=progress, embedding_cache=stage_dir / "embedding_cache")
                for name, sets in measured.items()]
     combined = _key_fingerprint({r.name: r.fingerprint for r in results})
     report = {r.name: {"passages": r.passages, "fingerprint": r.fingerprint,
