@@ -410,15 +410,7 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
     unit = device_unit(config.run.device)
     hours, projection, basis = _charged_hours(config, stages, volume, unit)
     notes += cost_notes
-    costs = CostInputs(
-        gpu_type=g.gpu_type, gpu_price_per_hour=g.gpu_price_per_hour, training_gpu_hours=hours,
-        production_queries_per_month=g.production_queries_per_month,
-        small_tokens_per_query=(g.small_model_tokens_per_query
-                                if g.small_model_tokens_per_query is not None
-                                else measured_tokens),
-        small_price_per_1k_tokens=g.small_model_price_per_1k_tokens,
-        frontier_tokens_per_query=comparator.tokens_per_query,
-        frontier_price_per_1k_tokens=comparator.price_per_1k_tokens)
+    costs = _cost_inputs(config, comparator, hours, measured_tokens)
     thresholds = GateThresholds(min_gold_pairs=g.min_gold_pairs,
                                 min_accuracy_margin=g.min_accuracy_margin,
                                 max_payback_months=g.max_payback_months,
@@ -470,6 +462,21 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
         train_audit_questions=(evaluation.train_audit.n_questions
                                if evaluation.train_audit else 0))
     return result, report
+
+
+def _cost_inputs(config: PipelineConfig, comparator: Comparator, hours: float | None,
+                 measured_tokens: float) -> CostInputs:
+    """The payback model's inputs: configured prices, measured tokens where config has none."""
+    g = config.gate
+    return CostInputs(
+        gpu_type=g.gpu_type, gpu_price_per_hour=g.gpu_price_per_hour, training_gpu_hours=hours,
+        production_queries_per_month=g.production_queries_per_month,
+        small_tokens_per_query=(g.small_model_tokens_per_query
+                                if g.small_model_tokens_per_query is not None
+                                else measured_tokens),
+        small_price_per_1k_tokens=g.small_model_price_per_1k_tokens,
+        frontier_tokens_per_query=comparator.tokens_per_query,
+        frontier_price_per_1k_tokens=comparator.price_per_1k_tokens)
 
 
 def _charged_hours(config: PipelineConfig, stages: Sequence[StageCost], volume: TrainingVolume,
