@@ -10,6 +10,8 @@ Stages, in order (each a task in `tasks/`, each an MLflow child run of one paren
 6. decide_go_no_go: cost-payback model, gate, report; registers on GO    (tasks/gate.py)
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
+Prefect also gets the decision as a keyed markdown artifact and events for automations (GO /
+NO-GO, quarantine over threshold, new gold-likely-wrong suspects, failed stages): tasks/events.py.
 With `index.mode: service` the retrieval server runs around stages 3-5 (the ones that search):
 started on `index.service_url` when the first of them asks for a searcher (never, when all
 three come from cache), restarted once if it dies, stopped when they end or fail. The flow
@@ -41,6 +43,7 @@ from searchrl.tracking import (  # noqa: E402
 )
 from tasks.curriculum import filter_curriculum  # noqa: E402
 from tasks.evaluate import evaluate_policy  # noqa: E402
+from tasks.events import announce_new_suspects, publish_decision  # noqa: E402
 from tasks.gate import decide_go_no_go  # noqa: E402
 from tasks.index import build_index  # noqa: E402
 from tasks.train import train_policy  # noqa: E402
@@ -66,7 +69,9 @@ def pipeline(config_path: str = "configs/tiny.yaml",
                                       searchers=searchers)
             evaluation = evaluate_policy(config, dataset, index, checkpoint, uri,
                                          parent.run_id, searchers=searchers)
+        announce_new_suspects(config, evaluation)
         decision = decide_go_no_go(config, dataset, checkpoint, evaluation, uri, parent.run_id)
+        publish_decision(config, decision)  # keyed artifact + go / no-go event
     except BaseException:
         end_run(uri, parent.run_id, "FAILED")
         raise

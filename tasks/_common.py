@@ -27,6 +27,7 @@ from prefect.results import get_result_store
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig
 from searchrl.stages import Stage, ref_is_current
+from tasks.events import stage_failed
 
 # How many superseded results of one key may pile up before caching gives up for that key.
 _MAX_SUCCESSORS = 64
@@ -76,4 +77,5 @@ def stage_cache_policy(stage: Stage) -> CachePolicy:
 TASK_DEFAULTS: dict[str, Any] = {
     "persist_result": True,
     "cache_expiration": timedelta(days=30),
+    "on_failure": [stage_failed],  # a `searchrl.stage.failed` event for automations
 }

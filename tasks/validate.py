@@ -10,9 +10,11 @@ from prefect import task
 
 from searchrl import stages
 from searchrl.config import PipelineConfig
+from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.tracking import stage_run
 from searchrl.types import DatasetRef
 from tasks._common import TASK_DEFAULTS, stage_cache_policy
+from tasks.events import quarantine_over_threshold
 
 
 @task(name="validate_gold_labels",
@@ -20,4 +22,8 @@ from tasks._common import TASK_DEFAULTS, stage_cache_policy
 def validate_gold_labels(config: PipelineConfig, tracking_uri: str | None,
                          parent_run_id: str | None) -> DatasetRef:
     with stage_run(tracking_uri, parent_run_id, "validate_gold_labels") as sink:
-        return stages.validate_gold_labels(config, sink)
+        try:
+            return stages.validate_gold_labels(config, sink)
+        except QuarantineThresholdError as exc:
+            quarantine_over_threshold(config, str(exc), exc.report_paths)
+            raise

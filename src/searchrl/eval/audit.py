@@ -32,11 +32,14 @@ decisions a steward fills in into steward overrides (`searchrl.contracts.overrid
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from difflib import SequenceMatcher
+from pathlib import Path
 from typing import Any
 
+from searchrl.data.io import atomic_write_text
 from searchrl.rl.records import RolloutRecord
 from searchrl.text import is_subspan, normalize_answer
 from searchrl.types import QAExample
@@ -254,3 +257,23 @@ def audit_rollouts(records: Sequence[RolloutRecord], examples: Mapping[str, QAEx
     found = find_suspects(records, examples, min_confidence=min_confidence, passages=passages,
                           system=system, near_miss_ratio=near_miss_ratio)
     return pool_suspects(found, audited, split=split, flagger="sample_index")
+
+
+def new_gold_suspects(suspect_files: Sequence[Path], seen_path: Path) -> list[dict[str, Any]]:
+    """`gold_likely_wrong` rows of `suspect_files` whose key no earlier call has returned;
+    their keys are added to `seen_path` (a JSON list kept across runs), so a steward is told
+    about each suspect once however many weekly runs flag it again."""
+    seen: set[str] = set(json.loads(seen_path.read_text())) if seen_path.is_file() else set()
+    new: dict[str, dict[str, Any]] = {}
+    for path in suspect_files:
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else {}
+            key = str(row.get("key", ""))
+            if row.get("tier") == GOLD_LIKELY_WRONG and key and key not in seen:
+                new.setdefault(key, row)
+    if new:
+        seen_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(seen_path, json.dumps(sorted(seen | new.keys()), indent=0))
+    return list(new.values())
