@@ -518,6 +518,20 @@ def test_a_dying_managed_server_is_restarted_once_then_fails_the_stage(
     check_port_free("127.0.0.1", index.service_port)
 
 
+def test_a_restart_is_counted_in_the_saved_stats(
+        real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    index = _service_config(client_retries=1, client_backoff_s=0.05)
+    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
+        update={"index": index})
+    with retrieval_service(config, real_index) as searchers:
+        searcher = searchers.searcher(real_index)
+        _kill_server(index)
+        assert searcher.search_batch(["Ed Wood"], 1)[0]
+    stats = json.loads((tmp_path / "retrieval_service" / "stats.json").read_text())
+    assert stats["restarts"] == 1 and stats["totals"]["queries"] == 1  # the new server's
+
+
 def test_a_failed_search_on_a_live_server_is_no_restart(
         real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
