@@ -15,7 +15,8 @@ like any other. `accept` keeps a flagged row out of quarantine; it cannot waive 
 schema or duplicate-id failure (such a row cannot be used as it stands: correct the source).
 
 `merge_audit_decisions` (the `apply-audit` command) appends the decisions a steward made on the
-label-noise audit's suspect rows (`searchrl.eval.audit`) to this file: never rewriting or
+label-noise audit's suspect rows (`searchrl.eval.audit`; the edited JSONL, or the Label Studio
+project's JSON export, `searchrl.eval.label_studio`) to this file: never rewriting or
 deleting an entry, and a decision already present is not added twice.
 """
 
@@ -186,16 +187,7 @@ def merge_audit_decisions(decisions_path: Path, overrides_path: Path, *,
     when = (now or datetime.now(UTC)).isoformat(timespec="seconds")
     existing = load_overrides(overrides_path) if overrides_path.is_file() else []
     result = MergeResult()
-    with decisions_path.open(encoding="utf-8") as fh:
-        lines = [(i, line) for i, line in enumerate(fh, start=1) if line.strip()]
-    for lineno, line in lines:
-        label = f"{decisions_path}: line {lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise OverridesError(f"{label}: not valid JSON: {exc}") from exc
-        if not isinstance(row, dict):
-            raise OverridesError(f"{label}: expected a JSON object (one suspect row)")
+    for label, row in _decision_rows(decisions_path):
         if str(row.get("decision") or "").strip() in ("", "skip"):
             result.undecided += 1
             continue
@@ -214,6 +206,34 @@ def merge_audit_decisions(decisions_path: Path, overrides_path: Path, *,
     if result.added:
         _append_overrides(overrides_path, existing, result.added)
     return result
+
+
+def _decision_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(label, row) per decision: the JSONL rows, or a Label Studio JSON export's tasks."""
+    from searchrl.eval.label_studio import (
+        LabelStudioExportError,
+        is_label_studio_export,
+        rows_from_export,
+    )
+
+    if is_label_studio_export(path):
+        try:
+            return rows_from_export(path)
+        except LabelStudioExportError as exc:
+            raise OverridesError(str(exc)) from exc
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        lines = [(i, line) for i, line in enumerate(fh, start=1) if line.strip()]
+    for lineno, line in lines:
+        label = f"{path}: line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise OverridesError(f"{label}: not valid JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise OverridesError(f"{label}: expected a JSON object (one suspect row)")
+        out.append((label, row))
+    return out
 
 
 def _append_overrides(path: Path, existing: list[Override], added: list[Override]) -> None:

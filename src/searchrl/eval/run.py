@@ -44,6 +44,7 @@ from searchrl.eval.audit import (
     tier_counts,
 )
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems, system_policy
+from searchrl.eval.label_studio import TASKS_SUFFIX, write_label_studio
 from searchrl.eval.metrics import (
     QuestionResult,
     align,
@@ -266,6 +267,7 @@ def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpe
     suspects = pool_suspects(flagged, dict.fromkeys(by_id, len(agentic)), split=split)
     spath = out_dir / "suspect_labels.jsonl"
     write_jsonl(spath, suspects)
+    write_label_studio(spath, suspects)  # the same queue as a Label Studio import
     audit = AuditSummary(path=str(spath), split=split, n_questions=len(examples),
                          systems=agentic, tiers=tier_counts(suspects))
     return EvalResult(eval_set=eval_set, n_questions=len(examples), systems=runs,
@@ -291,6 +293,7 @@ def audit_train_split(config: PipelineConfig, train_path: str | Path | None, pol
     None (and no file) when the cap is 0 or there is no train split."""
     path = out_dir / TRAIN_SUSPECTS_FILE
     path.unlink(missing_ok=True)
+    path.with_name(path.stem + TASKS_SUFFIX).unlink(missing_ok=True)
     manifest_path(path).unlink(missing_ok=True)
     n = config.eval.audit_train_questions
     if n == 0 or train_path is None or not Path(train_path).is_file():
@@ -305,6 +308,7 @@ def audit_train_split(config: PipelineConfig, train_path: str | Path | None, pol
                               min_confidence=config.eval.audit_min_confidence,
                               near_miss_ratio=config.eval.audit_near_miss_ratio, system=system)
     write_jsonl(path, suspects)
+    write_label_studio(path, suspects)
     return AuditSummary(path=str(path), split="train", n_questions=len(sample),
                         systems=(system,), tiers=tier_counts(suspects))
 
