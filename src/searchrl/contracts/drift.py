@@ -63,9 +63,13 @@ class CorpusDigest:
         self._content: list[np.ndarray] = []
 
     def add(self, passages: list[Passage]) -> None:
-        self._ids.append(np.fromiter((_h64(p.id) for p in passages), np.uint64, len(passages)))
-        self._content.append(np.fromiter((_h64(f"{p.title}\n{p.contents}") for p in passages),
-                                         np.uint64, len(passages)))
+        # 8-byte digests joined and read as little-endian uint64 (= _h64, one call less each)
+        b2 = hashlib.blake2b
+        ids = b"".join(b2(p.id.encode(), digest_size=8).digest() for p in passages)
+        content = b"".join(b2(f"{p.title}\n{p.contents}".encode(), digest_size=8).digest()
+                           for p in passages)
+        self._ids.append(np.frombuffer(ids, dtype="<u8").astype(np.uint64))
+        self._content.append(np.frombuffer(content, dtype="<u8").astype(np.uint64))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.uint64)
