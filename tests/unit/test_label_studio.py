@@ -109,3 +109,51 @@ def test_export_without_task_data_names_the_task(tmp_path: Path) -> None:
     bad.write_text(json.dumps([{"id": 41, "annotations": []}]))
     with pytest.raises(OverridesError, match=r"export.json: task 41: field 'data'"):
         merge_audit_decisions(bad, tmp_path / "o.yaml", now=NOW)
+
+
+@pytest.mark.slow
+def test_round_trip_through_a_label_studio_server(tmp_path: Path) -> None:
+    """Import the queue into a real Label Studio (LABEL_STUDIO_URL, LABEL_STUDIO_API_KEY: a
+    legacy token; the server is not in the project's venv, so skipped without them), annotate
+    through its API as a steward would, export as JSON, apply-audit the export."""
+    import os
+
+    import httpx
+
+    url, token = os.environ.get("LABEL_STUDIO_URL"), os.environ.get("LABEL_STUDIO_API_KEY")
+    if not url or not token:
+        pytest.skip("no Label Studio server: set LABEL_STUDIO_URL and LABEL_STUDIO_API_KEY")
+    spath = tmp_path / "suspect_labels.jsonl"
+    tasks_path = write_label_studio(spath, _suspects())
+    with httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"},
+                      timeout=60) as ls:
+        project = ls.post("/api/projects", json={
+            "title": f"searchrl audit {tmp_path.name}"[:50],
+            "label_config": (tmp_path / CONFIG_FILE).read_text()})
+        assert project.status_code == 201, project.text
+        pid = project.json()["id"]
+        imported = ls.post(f"/api/projects/{pid}/import",
+                           content=tasks_path.read_bytes(),
+                           headers={"Content-Type": "application/json"})
+        assert imported.status_code == 201, imported.text
+        listed = ls.get("/api/tasks", params={"project": pid, "page_size": 100}).json()
+        tasks = {t["data"]["key"]: t for t in listed["tasks"]}
+        assert set(tasks) == {"train/t9", "train/t8", "train/t7"}
+        result = [{"from_name": "decision", "to_name": "question", "type": "choices",
+                   "value": {"choices": ["correct"]}},
+                  {"from_name": "corrected_answers", "to_name": "question", "type": "textarea",
+                   "value": {"text": ["Quelland"]}}]
+        made = ls.post(f"/api/tasks/{tasks['train/t9']['id']}/annotations/",
+                       json={"result": result})
+        assert made.status_code == 201, made.text
+        export = ls.get(f"/api/projects/{pid}/export", params={"exportType": "JSON",
+                                                                  "download_all_tasks": "true"})
+        assert export.status_code == 200, export.text
+    exported = tmp_path / "export.json"
+    exported.write_bytes(export.content)
+    overrides = tmp_path / "overrides.yaml"
+    merged = merge_audit_decisions(exported, overrides, now=NOW)
+    assert [o.id for o in merged.added] == ["t9"] and merged.undecided == 2
+    (t9,) = load_overrides(overrides)
+    assert t9.action == "correct" and t9.golden_answers == ("Quelland",)
+    assert t9.steward.startswith(("label-studio-user-", "steward"))
