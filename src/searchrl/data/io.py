@@ -292,14 +292,17 @@ def _row_error(source: str | Path, rowno: int, exc: ValidationError) -> DataErro
     return DataError(f"{source}: row {rowno}: field {field!r}: {first['msg']}")
 
 
-def _validate_rows(source: str | Path, model: type[T], normalise: Any) -> list[T]:
-    records: list[T] = []
+def _iter_valid(source: str | Path, model: type[T], normalise: Any) -> Iterator[T]:
+    """Rows of `source` as `model`, in file order; the first invalid row raises DataError."""
     for rowno, raw in _iter_raw_rows(source):
         try:
-            records.append(model.model_validate(normalise(raw)))
+            yield model.model_validate(normalise(raw))
         except ValidationError as exc:
             raise _row_error(source, rowno, exc) from exc
-    return records
+
+
+def _validate_rows(source: str | Path, model: type[T], normalise: Any) -> list[T]:
+    return list(_iter_valid(source, model, normalise))
 
 
 def read_qa(source: str | Path) -> list[QAExample]:
@@ -346,11 +349,8 @@ def iter_passage_chunks(source: str | Path, size: int) -> Iterator[list[Passage]
     hold (a JSONL file is read line by line); the first unreadable line or invalid row raises
     the DataError `read_passages` raises, after the chunks before it."""
     chunk: list[Passage] = []
-    for rowno, raw in _iter_raw_rows(source):
-        try:
-            chunk.append(Passage.model_validate(_normalise_passage(raw)))
-        except ValidationError as exc:
-            raise _row_error(source, rowno, exc) from exc
+    for passage in _iter_valid(source, Passage, _normalise_passage):
+        chunk.append(passage)
         if len(chunk) >= size:
             yield chunk
             chunk = []
