@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +34,22 @@ from searchrl.retrieval.embedding import (
 from searchrl.retrieval.index_store import build_index, load_corpus_searcher
 from searchrl.sinks import NullSink
 
-WORDS = ("river city king queen war music bread mountain ship science painter novel church "
-         "island battle school bridge engine garden language").split()
+WORDS = ("river", "city", "king", "queen", "war", "music", "bread", "mountain", "ship",
+         "science", "painter", "novel", "church", "island", "battle", "school", "bridge",
+         "engine", "garden", "language")
 # Shards of 24, batches of 8: batch composition matters (texts of 4-30 words, padded).
 CONFIG = IndexConfig(retriever="dense", eval_all_retrievers=False, encoder_device="cpu",
                      encoder_batch_size=8, encoder_shard_size=24)
 
 
 N = 120
+# build_index(corpus, out, config as JSON) in a process of its own, to kill
+BUILD_SCRIPT = ("import sys; from pathlib import Path; from searchrl.config import IndexConfig; "
+                "from searchrl.retrieval.index_store import build_index; "
+                "from searchrl.sinks import NullSink; "
+                "build_index(Path(sys.argv[1]), Path(sys.argv[2]), "
+                "IndexConfig.model_validate_json(sys.argv[3]), None, NullSink(), "
+                "progress=False)")
 Reference = tuple[list[dict[str, str]], np.ndarray, Path]
 
 
@@ -51,10 +60,10 @@ def make_corpus(n: int, seed: int = 0) -> list[dict[str, str]]:
 
 
 def embeddings(index_dir: Path) -> np.ndarray:
-    return np.load(index_dir / "embeddings" / "embeddings.npy")
+    return np.asarray(np.load(index_dir / "embeddings" / "embeddings.npy"))
 
 
-def texts_of(rows: list[dict[str, str]]):  # type: ignore[no-untyped-def]
+def texts_of(rows: list[dict[str, str]]) -> Callable[[], list[list[str]]]:
     return lambda: [[r["contents"] for r in rows]]
 
 
@@ -105,12 +114,7 @@ def test_kill_9_mid_embedding_then_rerun_resumes_to_identical_vectors(
     corpus = tmp_path / "corpus.jsonl"
     write_jsonl(corpus, rows)
     out = tmp_path / "idx"
-    script = ("import sys; from pathlib import Path; from searchrl.config import IndexConfig; "
-              "from searchrl.retrieval.index_store import build_index; "
-              "from searchrl.sinks import NullSink; "
-              "build_index(Path(sys.argv[1]), Path(sys.argv[2]), "
-              "IndexConfig.model_validate_json(sys.argv[3]), None, NullSink(), progress=False)")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(corpus), str(out),
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out),
                              CONFIG.model_dump_json()], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not list(out.glob("embedding_cache/*/*.hashes.npy")):
@@ -129,6 +133,55 @@ def test_kill_9_mid_embedding_then_rerun_resumes_to_identical_vectors(
     assert manifest["passages_reused"] >= 24 * finished
     assert manifest["passages_reused"] + manifest["passages_embedded"] == N
     assert manifest["passages_embedded"] > 0
+    np.testing.assert_array_equal(embeddings(out), expected)
+
+
+def _spawned_workers(parent: int) -> list[int]:
+    """Pids of `parent`'s multiprocessing children (their command line says spawn_main)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and b"spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_two_worker_build_leaves_no_worker_and_resumes(
+        reference: Reference, tmp_path: Path) -> None:
+    rows, expected, _ = reference
+    config = CONFIG.model_copy(update={"encoder_workers": 2})
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(corpus, rows)
+    out = tmp_path / "idx"
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out),
+                             config.model_dump_json()], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not list(out.glob("embedding_cache/*/*.hashes.npy")):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no shard written in 180 s"
+        time.sleep(0.02)
+    workers = _spawned_workers(proc.pid)
+    assert len(workers) >= 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60  # a busy worker ends its shard first (seconds here)
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if _alive(pid)], "workers outlived the killed build"
+    build_index(corpus, out, config, None, NullSink(), progress=False)
+    assert json.loads((out / "manifest.json").read_text())["embeddings"]["passages_reused"] > 0
     np.testing.assert_array_equal(embeddings(out), expected)
 
 

@@ -183,11 +183,8 @@ def plan_shards(chunks: Iterable[list[str]], rows: NDArray[np.int64], hashes: Ha
 def worker_devices(config: IndexConfig) -> list[str]:
     """One device per worker: `encoder_workers` (0: one per visible GPU, 1 on CPU), GPUs
     assigned round robin."""
-    device = encoder_device(config)
-    if not device.startswith("cuda"):
+    if encoder_device(config) == "cpu":
         return ["cpu"] * max(1, config.encoder_workers)
-    if ":" in device:  # one named GPU
-        return [device] * max(1, config.encoder_workers)
     import torch
 
     gpus = max(1, torch.cuda.device_count())
@@ -206,14 +203,19 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(config: IndexConfig, cache: EmbeddingCache, devices: Any,
                  threads: int) -> None:
-    import torch
+    try:
+        import torch
 
-    torch.set_num_threads(threads)
-    _WORKER["encoder"] = Encoder(config, device=devices.get())
-    _WORKER["cache"] = cache
+        torch.set_num_threads(threads)
+        _WORKER["encoder"] = Encoder(config, device=devices.get())
+        _WORKER["cache"] = cache
+    except Exception as exc:  # a failing initializer makes Pool respawn workers forever
+        _WORKER["error"] = exc
 
 
 def _worker_shard(hashes: HashArray, texts: list[str]) -> int:
+    if "error" in _WORKER:
+        raise _WORKER["error"]
     return embed_shard(_WORKER["encoder"], _WORKER["cache"], hashes, texts)
 
 
@@ -222,7 +224,8 @@ def run_shards(shards: Iterable[tuple[HashArray, list[str]]], config: IndexConfi
                bar: tqdm) -> Encoder | None:
     """Embed every shard into `cache`: in this process for one device (returns its encoder),
     else one spawned process per device, at most two shards queued per worker (a corpus is
-    never held whole)."""
+    never held whole). If this process is killed, a worker finishes (and caches) the shard it
+    is on, then exits on the broken result pipe; an idle one exits at once."""
     if len(devices) == 1:
         encoder = Encoder(config, device=devices[0])
         for hashes, texts in shards:
@@ -234,8 +237,7 @@ def run_shards(shards: Iterable[tuple[HashArray, list[str]]], config: IndexConfi
     queue = ctx.Queue()
     for device in devices:
         queue.put(device)
-    cpus = os.cpu_count() or 1
-    threads = max(1, cpus // len(devices)) if devices[0] == "cpu" else 1
+    threads = max(1, (os.cpu_count() or 1) // len(devices))
     with ctx.Pool(len(devices), initializer=_init_worker,
                   initargs=(config, cache, queue, threads)) as pool:
         pending: deque[AsyncResult[int]] = deque()
