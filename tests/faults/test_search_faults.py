@@ -231,21 +231,29 @@ def test_transient_500s_are_absorbed_by_the_retries(
 # --- a GRPO step against the failing service
 
 
+def _one_step_setup(tmp_path: Path, model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+                    rollout: RolloutConfig, *, checkpoint_every: int
+                    ) -> tuple[Path, PipelineConfig]:
+    """The searching model saved as a start policy, and a one-step GRPO config over it."""
+    from searchrl.train.sft import save_policy
+
+    init = tmp_path / "init"
+    save_policy(model, tok, init)
+    return init, PipelineConfig.model_validate({
+        "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
+        "rollout": rollout.model_dump(mode="json") | {"group_size": 2},
+        "curriculum": {"dynamic_filtering": False},
+        "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
+                  "checkpoint_every": checkpoint_every, "kl_coef": 0.0},
+    })
+
+
 def test_grpo_step_with_the_service_down_fails_instead_of_training(
         tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
     from searchrl.train.grpo import train_grpo
-    from searchrl.train.sft import save_policy
 
-    init = tmp_path / "init"
-    save_policy(searching_model, tok, init)
-    config = PipelineConfig.model_validate({
-        "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
-        "rollout": ROLLOUT.model_dump(mode="json") | {"group_size": 2},
-        "curriculum": {"dynamic_filtering": False},
-        "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
-                  "checkpoint_every": 1, "kl_coef": 0.0},
-    })
+    init, config = _one_step_setup(tmp_path, searching_model, tok, ROLLOUT, checkpoint_every=1)
     client = _client(down)
     try:
         with pytest.raises(RetrieverFailedError, match="search calls failed"):
@@ -263,17 +271,8 @@ def test_grpo_step_with_failures_tolerated_completes_and_logs_the_errors(
         tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
     from searchrl.train.grpo import train_grpo
-    from searchrl.train.sft import save_policy
 
-    init = tmp_path / "init"
-    save_policy(searching_model, tok, init)
-    config = PipelineConfig.model_validate({
-        "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
-        "rollout": TOLERANT.model_dump(mode="json") | {"group_size": 2},
-        "curriculum": {"dynamic_filtering": False},
-        "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
-                  "checkpoint_every": 0, "kl_coef": 0.0},
-    })
+    init, config = _one_step_setup(tmp_path, searching_model, tok, TOLERANT, checkpoint_every=0)
     client = _client(down)
     try:
         result = train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)

@@ -164,19 +164,28 @@ def test_stage_costs_from_references() -> None:
     assert notes == [notes[0]] and "resumed" in notes[0] and "1200 s" in notes[0]
 
 
-def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
-    work = tmp_path / "work"
+def _gate_stage_inputs(tmp_path: Path, work: Path, *, trained_errors: int = 0) -> tuple[
+        PipelineConfig, DatasetRef, CheckpointRef, EvalRef]:
+    """The gate stage's config and input references over a small evaluation on disk."""
     config = PipelineConfig.model_validate({"run": {"work_dir": str(work), "device": "cpu"},
                                             "gate": {"min_gold_pairs": 10}})
-    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
+    data = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6}).to_dict()
+    data["systems"][TRAINED]["summary"]["search_errors"] = trained_errors
     results = tmp_path / RESULTS_FILE
-    results.write_text(json.dumps(ev.to_dict()))
+    results.write_text(json.dumps(data))
     train = tmp_path / "train.jsonl"
     write_jsonl(train, [{"q": i} for i in range(50)])
     dataset = DatasetRef(paths={"train": str(train)}, fingerprints={}, corpus_path="",
                          corpus_fingerprint="", fingerprint="x")
     ckpt = CheckpointRef(policy_dir=str(tmp_path), fingerprint="p", seconds=1800.0, devices=2)
     evaluation = EvalRef(results_path=str(results), fingerprint="e", seconds=900.0)
+    return config, dataset, ckpt, evaluation
+
+
+def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    config, dataset, ckpt, evaluation = _gate_stage_inputs(tmp_path, work)
+    train = Path(dataset.paths["train"])
     stale = work / "decide_go_no_go" / "report_old.html"  # an earlier run's: not published
     stale.parent.mkdir(parents=True)
     stale.write_text("old")
@@ -200,19 +209,7 @@ def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
 
 def test_the_gate_does_not_decide_on_failed_searches(tmp_path: Path) -> None:
     work = tmp_path / "work"
-    config = PipelineConfig.model_validate({"run": {"work_dir": str(work), "device": "cpu"},
-                                            "gate": {"min_gold_pairs": 10}})
-    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
-    data = ev.to_dict()
-    data["systems"][TRAINED]["summary"]["search_errors"] = 3
-    results = tmp_path / RESULTS_FILE
-    results.write_text(json.dumps(data))
-    train = tmp_path / "train.jsonl"
-    write_jsonl(train, [{"q": i} for i in range(50)])
-    dataset = DatasetRef(paths={"train": str(train)}, fingerprints={}, corpus_path="",
-                         corpus_fingerprint="", fingerprint="x")
-    ckpt = CheckpointRef(policy_dir=str(tmp_path), fingerprint="p", seconds=1800.0, devices=2)
-    evaluation = EvalRef(results_path=str(results), fingerprint="e", seconds=900.0)
+    config, dataset, ckpt, evaluation = _gate_stage_inputs(tmp_path, work, trained_errors=3)
     with pytest.raises(GateInputError, match=rf"failed searches.*{TRAINED}: 3"):
         decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
     assert not (work / "decide_go_no_go" / "decision.json").exists()  # no decision written
