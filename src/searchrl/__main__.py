@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import logging
 import sys
@@ -61,21 +62,34 @@ def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
     return MlflowSink(resolve_tracking_uri(config.tracking.tracking_uri), run_id)
 
 
+def _input_kinds(command: str) -> list[tuple[type, bool]]:
+    """The reference types a stage takes after its config, each with whether it is optional:
+    the positional parameters between `config` and `sink` (keyword options are not inputs)."""
+    from searchrl.stages import STAGES
+
+    run = STAGES[STAGE_COMMANDS[command]].run
+    hints = typing.get_type_hints(run)
+    positional = [p.name for p in inspect.signature(run).parameters.values()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    kinds: list[tuple[type, bool]] = []
+    for name in positional[1:-1]:  # (config, *refs, sink, *, keyword options) -> ref
+        hint = hints[name]
+        optional = isinstance(hint, types.UnionType) and type(None) in hint.__args__
+        kinds.append((next(a for a in hint.__args__ if a is not type(None)) if optional
+                      else hint, optional))
+    return kinds
+
+
 def _inputs(command: str, config: PipelineConfig) -> list[Any]:
     """The stage's input references, read from the stages that produce them."""
     from searchrl.paths import StagePaths
     from searchrl.stages import STAGES, read_ref
 
-    stage = STAGES[STAGE_COMMANDS[command]]
     producer = {typing.get_type_hints(s.run)["return"]: (cli, s.name)
                 for cli, name in STAGE_COMMANDS.items() for s in [STAGES[name]]}
     paths = StagePaths(config.run.work_dir)
-    hints = typing.get_type_hints(stage.run)
     inputs: list[Any] = []
-    for name in list(hints)[1:-2]:  # (config, *refs, sink) -> ref
-        hint = hints[name]
-        optional = isinstance(hint, types.UnionType) and type(None) in hint.__args__
-        kind = next(a for a in hint.__args__ if a is not type(None)) if optional else hint
+    for kind, optional in _input_kinds(command):
         cli, stage_name = producer[kind]
         stage_dir = paths.work_dir / stage_name
         if optional and not (stage_dir / "ref.json").is_file():

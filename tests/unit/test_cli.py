@@ -166,3 +166,27 @@ def test_the_flow_script_exits_with_the_code_and_the_message_alone() -> None:
                            "train.steps=0"], capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
     _expect(proc, 2, "train.steps=0: must be >= 1")
+
+
+def test_every_stage_command_reads_exactly_the_references_its_stage_takes() -> None:
+    # Keyword options after `sink` (searchers=...) are not inputs: a launched rank once took
+    # the sink for an upstream reference and died with KeyError.
+    import typing
+
+    from searchrl.__main__ import STAGE_COMMANDS, _input_kinds
+    from searchrl.sinks import MetricsSink
+    from searchrl.stages import STAGES
+
+    produced = {typing.get_type_hints(STAGES[name].run)["return"]
+                for name in STAGE_COMMANDS.values()}
+    kinds = {command: [kind.__name__ for kind, _ in _input_kinds(command)]
+             for command in STAGE_COMMANDS}
+    assert kinds == {"validate": [], "index": ["DatasetRef"],
+                     "curriculum": ["DatasetRef", "IndexRef"],
+                     "train": ["DatasetRef", "IndexRef", "CurriculumRef"],
+                     "evaluate": ["DatasetRef", "IndexRef", "CheckpointRef"],
+                     "gate": ["DatasetRef", "CheckpointRef", "EvalRef"]}
+    for command in STAGE_COMMANDS:
+        assert all(kind in produced and kind is not MetricsSink
+                   for kind, _ in _input_kinds(command))
+    assert [optional for _, optional in _input_kinds("train")] == [False, False, True]
