@@ -843,6 +843,12 @@ class GateConfig(_Section):
     # Non-inferiority: GO needs the paired EM delta vs the registry's champion to have its
     # lower bound >= -champion_margin (a GO never replaces a stronger champion).
     champion_margin: float = Field(0.02, ge=0.0)
+    # Per question type and hop count, a slice whose paired EM delta vs the comparator or the
+    # champion has its interval's upper bound < 0 is a regression: an aggregate win can hide
+    # one kind of question collapsing. "warn": the report marks it; "fail": NO-GO naming it.
+    slice_regression: Literal["warn", "fail"] = "warn"
+    # Smaller slices are reported but never flagged: a handful of questions is noise.
+    slice_min_questions: int = Field(5, ge=1)
     registry_alias: str = "champion"
     payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
     # Trainer metrics plotted as the training curve (a key matches `m`, `*/m` or `*.m`).

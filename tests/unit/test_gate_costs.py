@@ -13,6 +13,7 @@ import pytest
 from searchrl.config import PipelineConfig
 from searchrl.data.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
+from searchrl.eval.metrics import QuestionResult
 from searchrl.eval.results import RESULTS_FILE
 from searchrl.gate.payback import (
     Projection,
@@ -164,12 +165,14 @@ def test_stage_costs_from_references() -> None:
     assert notes == [notes[0]] and "resumed" in notes[0] and "1200 s" in notes[0]
 
 
-def _gate_stage_inputs(tmp_path: Path, work: Path, *, trained_errors: int = 0) -> tuple[
+def _gate_stage_inputs(tmp_path: Path, work: Path, *, trained_errors: int = 0,
+                       per: dict[str, list[QuestionResult]] | None = None) -> tuple[
         PipelineConfig, DatasetRef, CheckpointRef, EvalRef]:
-    """The gate stage's config and input references over a small evaluation on disk."""
+    """The gate stage's config and input references over a small evaluation on disk
+    (`per`: its per-question results, see test_gate_report._eval)."""
     config = PipelineConfig.model_validate({"run": {"work_dir": str(work), "device": "cpu"},
                                             "gate": {"min_gold_pairs": 10}})
-    data = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6}).to_dict()
+    data = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6}, per).to_dict()
     data["systems"][TRAINED]["summary"]["search_errors"] = trained_errors
     results = tmp_path / RESULTS_FILE
     results.write_text(json.dumps(data))

@@ -38,12 +38,20 @@ def _qs(acc: float, n: int = 60, tokens: int = 100) -> list[QuestionResult]:
                            answered=True, finish_reason="answer") for i in range(n)]
 
 
-def _eval(tmp: Path, accs: dict[str, float]) -> EvalResult:
-    per = {name: _qs(a) for name, a in accs.items()}
+def _eval(tmp: Path, accs: dict[str, float],
+          per: dict[str, list[QuestionResult]] | None = None) -> EvalResult:
+    """`per`: each system's own per-question results (written to questions files, as the
+    evaluation does) instead of `_qs(acc)` with none on disk."""
+    written = per is not None
+    per = per if per is not None else {name: _qs(a) for name, a in accs.items()}
+    for name, rs in per.items():
+        if written:
+            write_jsonl(tmp / f"questions_{name}.jsonl", [r.to_dict() for r in rs])
     systems = {name: SystemResult(
         spec=SystemSpec(name, "p", "agentic", name), summary=summarize(rs, samples=200),
         by_hops=breakdown(rs, by_hops, samples=50), by_type=breakdown(rs, by_type, samples=50),
-        by_searched=breakdown(rs, by_searched, samples=50), questions_path="",
+        by_searched=breakdown(rs, by_searched, samples=50),
+        questions_path=str(tmp / f"questions_{name}.jsonl") if written else "",
         trajectories_path="", seconds=1.0) for name, rs in per.items()}
     deltas = {n: paired_bootstrap_delta([r.em for r in per[TRAINED]], [r.em for r in rs],
                                         samples=500)

@@ -31,6 +31,7 @@ from searchrl.gate.payback import (
     StageCost,
     payback_curve,
 )
+from searchrl.gate.slices import SliceReport
 from searchrl.plots import figure_png_base64, system_colors
 from searchrl.tables import html_table, markdown_table
 
@@ -84,6 +85,9 @@ class ReportInputs:
     confidence_cuts: tuple[float, float] | None = None
     train_suspects: list[dict[str, Any]] = field(default_factory=list)
     train_audit_questions: int = 0
+    # Per question type and hop count vs the comparator and champion (gate.slices); its
+    # zero-EM slices and regressions are also said in the decision box.
+    slices: SliceReport | None = None
 
 
 # --- formatting
@@ -267,6 +271,32 @@ def _confidence_rows(r: ReportInputs) -> list[list[str]]:
             for system, groups in r.by_confidence.items() for b, s in groups.items()]
 
 
+def _slice_table(r: ReportInputs) -> tuple[str, list[str], list[list[str]]]:
+    """(heading, header, rows): each slice's n, trained EM and, per compared system, its EM
+    and the paired delta; the mark says regression / zero / too few."""
+    s = r.slices
+    if s is None:
+        return "Slices: not computed", ["slice"], []
+    header = ["slice", "n", f"{r.trained_name} EM"]
+    for name in s.against:
+        header += [f"{name} EM", f"delta vs {name} [{s.level:.0%} CI]"]
+    rows = []
+    for sl in s.slices:
+        marks = [f"REGRESSION vs {d.against}" for d in sl.regressions]
+        marks += ["ZERO"] * sl.zero + ["too few"] * sl.too_few
+        row = [sl.label, str(sl.n), f"{_num(sl.trained_em)} ({sl.correct}/{sl.n})"]
+        for d in sl.vs:
+            row += [_num(d.em), f"{_signed_ci(d.delta)} (n={d.delta.n})"]
+        rows.append([*row, ", ".join(marks)])
+    header.append("mark")
+    heading = (f"Slices: {r.trained_name} per question type and hop count, paired EM deltas; "
+               f"a regression is an interval entirely below 0 on >= {s.min_questions} "
+               f"questions (fewer: too few) and gate.slice_regression={s.mode} "
+               + ("fails the gate on one" if s.mode == "fail" else "only marks it")
+               + (f"; {s.note}" if s.note else ""))
+    return heading, header, rows
+
+
 # --- plots
 
 
@@ -406,6 +436,7 @@ def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]
     delta_rows = [[f"{r.trained_name} - {name}", _signed_ci(iv), str(iv.n)]
                   for name, iv in r.deltas.items()]
     set_header, set_rows = _eval_set_table(r)
+    slice_heading, slice_header, slice_rows = _slice_table(r)
     return [
         ("systems", f"Systems on the eval set ({r.main_split}, main)", list(SYSTEM_HEADER),
          _system_rows(r.systems)),
@@ -420,6 +451,7 @@ def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]
          ["system", "route", "n", "EM [95% CI]", "searches/q"], _group_rows(r.searched_split)),
         ("types", "By question type", ["system", "type", "n", "EM [95% CI]", "searches/q"],
          _group_rows(r.by_type)),
+        ("slices", slice_heading, slice_header, slice_rows),
         ("stage-costs", f"Compute by stage: {r.device_unit} = wall time x devices",
          ["stage", "wall time", "devices", r.device_unit, "cost"], _stage_rows(r)),
         ("costs", "Cost model", ["item", "value"], _cost_rows(r)),
@@ -443,10 +475,15 @@ def _headline(r: ReportInputs) -> list[str]:
     ]
 
 
+def _slice_sentence(r: ReportInputs) -> str:
+    return r.slices.sentence() if r.slices is not None else ""
+
+
 def render_markdown(r: ReportInputs) -> str:
     lines = [f"# {r.title}", ""]
     head = _headline(r)
-    boxed = (r.comparator, r.champion, r.start, r.policy_selection, r.training)
+    boxed = (r.comparator, r.champion, r.start, r.policy_selection, r.training,
+             _slice_sentence(r))
     lines += [head[0], ""] + [f"**{x}**" for x in boxed if x]
     lines += [""] * any(boxed)
     lines += [head[1], ""] + ([head[2], ""] if head[2] else [])
@@ -500,6 +537,8 @@ def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
         + (f'<p id="policy-selection"><b>{esc(r.policy_selection)}</b></p>'
            if r.policy_selection else "")
         + (f'<p id="training"><b>{esc(r.training)}</b></p>' if r.training else "")
+        + (f'<p id="slices-box"><b>{esc(_slice_sentence(r))}</b></p>'
+           if _slice_sentence(r) else "")
         + f"<p>{esc(_headline(r)[1])}</p>"
         + (f'<p id="cost-basis">{esc(r.cost_basis)}</p>' if r.cost_basis else "")
         + f"<ul id=\"checks\">{checks}</ul>"

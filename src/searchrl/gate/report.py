@@ -18,8 +18,8 @@ from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, read_manifest
 from searchrl.eval.audit import GOLD_LIKELY_WRONG
 from searchrl.eval.baselines import FRONTIER, TRAINED
-from searchrl.eval.metrics import Interval, Summary
-from searchrl.eval.results import EvalResult
+from searchrl.eval.metrics import Interval, QuestionResult, Summary
+from searchrl.eval.results import EvalResult, read_question_results
 from searchrl.gate.payback import (
     ChampionInputs,
     Check,
@@ -34,6 +34,7 @@ from searchrl.gate.payback import (
     total_device_hours,
 )
 from searchrl.gate.render import ReportInputs, render_html, render_markdown
+from searchrl.gate.slices import SliceReport, compute_slices
 from searchrl.generation.factory import resolve_device
 from searchrl.types import CheckpointRef, CurriculumRef, EvalRef
 
@@ -423,10 +424,9 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                                allow_stand_in=g.allow_stand_in_comparator,
                                comparator_problem=comparator.problem,
                                champion=champion), thresholds)
-    if training is not None:
-        check = training.check()
-        result = GateResult(go=result.go and check.passed, checks=(*result.checks, check),
-                            payback=result.payback)
+    slices = slice_report(config, evaluation, baseline)
+    result = _with_checks(result, training.check() if training is not None else None,
+                          slices.check() if g.slice_regression == "fail" else None)
     selection = evaluation.policy_selection
     if selection.get("selection") == "best" and config.eval.split == "dev":
         notes.append("The evaluated policy was selected on the dev split it is evaluated on: "
@@ -460,8 +460,58 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
         train_suspects=(_read_jsonl(evaluation.train_audit.path)
                         if evaluation.train_audit else []),
         train_audit_questions=(evaluation.train_audit.n_questions
-                               if evaluation.train_audit else 0))
+                               if evaluation.train_audit else 0),
+        slices=slices)
     return result, report
+
+
+def _with_checks(result: GateResult, *checks: Check | None) -> GateResult:
+    """`result` with the conditions decided outside `decide` (None: not applied) appended."""
+    added = tuple(c for c in checks if c is not None)
+    return GateResult(go=result.go and all(c.passed for c in added),
+                      checks=(*result.checks, *added), payback=result.payback)
+
+
+def _question_results(evaluation: EvalResult, name: str) -> list[QuestionResult] | None:
+    """A system's per-question results from its questions file (None: missing/unreadable)."""
+    system = evaluation.systems.get(name)
+    path = system.questions_path if system is not None else ""
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return read_question_results(path)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def slice_report(config: PipelineConfig, evaluation: EvalResult, comparator: str
+                 ) -> SliceReport:
+    """The trained policy per question type and hop count against the comparator and the
+    champion (when evaluated), with the evaluation's bootstrap settings (eval.bootstrap_samples,
+    eval.confidence_level, run.seed), so slice intervals match the aggregate ones."""
+    g, e = config.gate, config.eval
+    trained = _question_results(evaluation, TRAINED)
+    if trained is None:
+        return SliceReport(g.slice_regression, g.slice_min_questions, e.confidence_level, (),
+                           note="not computed: the trained policy's per-question results "
+                                "(questions_*.jsonl) are missing; re-run evaluate_policy",
+                           missing=(TRAINED,))
+    against: dict[str, list[QuestionResult]] = {}
+    missing: list[str] = []
+    for name in dict.fromkeys((comparator, CHAMPION)):
+        if name == TRAINED or name not in evaluation.systems:
+            continue  # not evaluated: the accuracy / champion condition says so
+        results = _question_results(evaluation, name)
+        if results is None:
+            missing.append(name)
+        else:
+            against[name] = results
+    note = (f"not compared with {', '.join(missing)}: per-question results missing"
+            if missing else "")
+    return compute_slices(trained, against, mode=g.slice_regression,
+                          min_questions=g.slice_min_questions, samples=e.bootstrap_samples,
+                          level=e.confidence_level, seed=config.run.seed, note=note,
+                          missing=tuple(missing))
 
 
 def _cost_inputs(config: PipelineConfig, comparator: Comparator, hours: float | None,
@@ -555,7 +605,8 @@ def decision_figures(result: GateResult, report: ReportInputs) -> dict[str, floa
                                  if report.costs.training_gpu_hours is not None else nan),
         "projection_ratio": report.projection.ratio if report.projection else nan,
         "comparator_is_frontier": float(report.comparison_baseline == FRONTIER),
-    } | {f"{s.stage}_device_hours": s.device_hours for s in report.stage_costs}
+    } | {f"{s.stage}_device_hours": s.device_hours for s in report.stage_costs} | (
+        report.slices.figures() if report.slices is not None else {})
 
 
 def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: Path, *,
@@ -589,6 +640,7 @@ def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: P
          "champion": {"version": champion_version, "margin": config.gate.champion_margin,
                       "text": report.champion},
          "train_init": config.train.init,
+         "slices": report.slices.to_dict() if report.slices is not None else None,
          "cost_basis": report.cost_basis, "device_unit": report.device_unit,
          "stages": [{"stage": c.stage, "seconds": c.seconds, "devices": c.devices}
                     for c in report.stage_costs],

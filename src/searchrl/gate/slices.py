@@ -1,0 +1,173 @@
+"""Slices the gate looks at: per question type and per hop count, the trained policy's EM
+and its paired EM delta against the comparator (and the registry's champion when it was
+evaluated on the same questions), with bootstrap intervals. Pure: per-question results in.
+
+A slice is a `regression` against a system when the delta's upper bound is below zero on at
+least `min_questions` paired questions (fewer: "too few", reported, never flagged), and is
+`zero` when the trained policy answers none of its questions. An aggregate EM can clear the
+gate while one kind of question collapses; `gate.slice_regression` says whether that only
+warns (the report marks it) or fails the gate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from searchrl.eval.metrics import (
+    Interval,
+    QuestionResult,
+    align,
+    by_hops,
+    by_type,
+    paired_bootstrap_delta,
+)
+from searchrl.gate.payback import Check
+
+SliceKind = Literal["type", "hops"]
+SLICE_KINDS: dict[SliceKind, Callable[[QuestionResult], str]] = {"type": by_type,
+                                                                 "hops": by_hops}
+
+
+@dataclass(frozen=True)
+class SliceDelta:
+    """The trained policy minus `against` on the slice's questions both answered: the other
+    system's EM there, the paired delta, and whether it is a flagged regression."""
+
+    against: str
+    em: float
+    delta: Interval
+    regression: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"against": self.against, "em": self.em, "delta": self.delta.to_dict(),
+                "regression": self.regression}
+
+
+@dataclass(frozen=True)
+class Slice:
+    kind: SliceKind
+    name: str
+    n: int  # the trained policy's questions in the slice
+    correct: int  # of them answered with EM 1
+    trained_em: float
+    too_few: bool  # n < gate.slice_min_questions: shown, never flagged as a regression
+    vs: tuple[SliceDelta, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name}"
+
+    @property
+    def zero(self) -> bool:
+        return self.n >= 1 and self.trained_em == 0.0
+
+    @property
+    def regressions(self) -> tuple[SliceDelta, ...]:
+        return tuple(d for d in self.vs if d.regression)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "n": self.n, "correct": self.correct,
+                "trained_em": self.trained_em, "too_few": self.too_few, "zero": self.zero,
+                "regression": bool(self.regressions), "vs": [d.to_dict() for d in self.vs]}
+
+
+@dataclass(frozen=True)
+class SliceReport:
+    """Every slice, and how the gate treats a regression (`mode`: "warn" or "fail").
+    `against` names the compared systems, comparator first; `missing` those whose
+    per-question results could not be read; `note` says why slices are missing or partial."""
+
+    mode: str
+    min_questions: int
+    level: float
+    against: tuple[str, ...]
+    slices: tuple[Slice, ...] = ()
+    note: str = ""
+    missing: tuple[str, ...] = ()
+
+    @property
+    def regressions(self) -> tuple[tuple[Slice, SliceDelta], ...]:
+        return tuple((s, d) for s in self.slices for d in s.regressions)
+
+    @property
+    def at_zero(self) -> tuple[Slice, ...]:
+        return tuple(s for s in self.slices if s.zero)
+
+    def regression_text(self) -> str:
+        """`type org_founder vs sft -1.000 [-1.000, -1.000] (n=10)`, joined by `; `."""
+        return "; ".join(f"{s.label} vs {d.against} {d.delta.mean:+.3f} "
+                         f"[{d.delta.lo:+.3f}, {d.delta.hi:+.3f}] (n={d.delta.n})"
+                         for s, d in self.regressions)
+
+    def check(self) -> Check:
+        """The gate's `slices` condition (only with gate.slice_regression=fail); fails closed
+        when a system's per-question results are missing."""
+        if self.missing:
+            return Check("slices", False, f"slices cannot be checked: {self.note}")
+        if not self.regressions:
+            return Check("slices", True, f"no slice regresses significantly (interval upper "
+                                         f"bound < 0 on >= {self.min_questions} questions)")
+        return Check("slices", False, f"significant slice regression (gate.slice_regression"
+                                      f"=fail): {self.regression_text()}")
+
+    def sentence(self) -> str:
+        """For the decision box: slices at EM 0 and regressions ("" when there are none)."""
+        parts = []
+        if self.at_zero:
+            parts.append("slice scores 0: " + ", ".join(
+                f"{s.name} ({s.correct}/{s.n})" for s in self.at_zero))
+        if self.regressions:
+            effect = ("fails the gate" if self.mode == "fail"
+                      else "warning only, gate.slice_regression=warn")
+            parts.append(f"slice regressions ({effect}): {self.regression_text()}")
+        if self.note:
+            parts.append(self.note)
+        return ("Slices: " + "; ".join(parts) + ".") if parts else ""
+
+    def figures(self) -> dict[str, float]:
+        return {"slice_regressions": float(len(self.regressions)),
+                "slices_at_zero": float(len(self.at_zero)), "slices": float(len(self.slices))}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "min_questions": self.min_questions, "level": self.level,
+                "against": list(self.against), "note": self.note,
+                "regressions": [f"{s.label} vs {d.against}" for s, d in self.regressions],
+                "at_zero": [s.label for s in self.at_zero],
+                "slices": [s.to_dict() for s in self.slices]}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def compute_slices(trained: Sequence[QuestionResult],
+                   against: Mapping[str, Sequence[QuestionResult]], *, mode: str,
+                   min_questions: int, samples: int, level: float, seed: int,
+                   note: str = "", missing: tuple[str, ...] = ()) -> SliceReport:
+    """Per question type and per hop count: the trained policy's EM and, for each system in
+    `against` (comparator first), the paired EM delta on their common questions in the slice
+    (`paired_bootstrap_delta` with the evaluation's samples, level and seed)."""
+    slices: list[Slice] = []
+    for kind, key in SLICE_KINDS.items():
+        groups: dict[str, list[QuestionResult]] = {}
+        for r in trained:
+            groups.setdefault(key(r), []).append(r)
+        for name in sorted(groups):
+            mine = groups[name]
+            vs = []
+            for other, results in against.items():
+                a, b = align(mine, results)  # by question id: the slice is the trained's
+                delta = paired_bootstrap_delta([r.em for r in a], [r.em for r in b],
+                                               samples=samples, level=level, seed=seed)
+                flagged = (delta.n >= min_questions and math.isfinite(delta.hi)
+                           and delta.hi < 0.0)
+                vs.append(SliceDelta(other, _mean([r.em for r in b]), delta, flagged))
+            ems = [r.em for r in mine]
+            slices.append(Slice(kind, name, len(mine), sum(1 for e in ems if e >= 1.0),
+                                _mean(ems),
+                                len(mine) < min_questions, tuple(vs)))
+    return SliceReport(mode, min_questions, level, tuple(against), tuple(slices), note,
+                       missing)
