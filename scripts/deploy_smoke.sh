@@ -4,8 +4,11 @@
 # RUNS x `prefect deployment run` (all at once) -> one worker executes them -> every flow run
 # must end COMPLETED. The deployment allows one run at a time, so with RUNS=2 the second waits
 # for the first (ENQUEUE) and then finds the first's stages in the deployment's storage.
-# Usage: [RUNS=N] [SEARCHRL_DATA_DIR=dir] scripts/deploy_smoke.sh [key=value ...]
+# Usage: [RUNS=N] [SEARCHRL_DATA_DIR=dir] [KEEP_SERVER=1] scripts/deploy_smoke.sh [key=value ...]
 #   key=value overrides are appended to the deployment's own `overrides` parameter.
+#   A server already answering on PORT is used, not replaced; KEEP_SERVER=1 leaves the one
+#   this call starts running (its pid in $PREFECT_HOME/server.pid) for a later call, e.g.
+#   the next week of scripts/two_weeks.py, which stops it.
 # Prints one line per flow run: `run <id> <state> start=<iso> end=<iso> waited_for_slot=<0|1>`,
 # then `state: COMPLETED` when all completed.
 set -euo pipefail
@@ -15,6 +18,7 @@ PORT=${PORT:-4299}
 RUNS=${RUNS:-1}
 TIMEOUT_S=${TIMEOUT_S:-1200}
 export PREFECT_HOME=${PREFECT_HOME:-$(mktemp -d)}
+mkdir -p "$PREFECT_HOME"
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 # An enqueued run asks for its slot again after this long (default 30 s).
@@ -23,16 +27,23 @@ export PREFECT_WORKER_QUERY_SECONDS=${PREFECT_WORKER_QUERY_SECONDS:-2}
 export SEARCHRL_REPO_DIR=$PWD
 export SEARCHRL_DATA_DIR=${SEARCHRL_DATA_DIR:-$PWD/runs/deploy}
 LOG=$(mktemp -d)
-cleanup() { kill "${SERVER_PID:-}" "${WORKER_PID:-}" 2>/dev/null || true; }
+KEEP_SERVER=${KEEP_SERVER:-0}
+cleanup() {
+  kill "${WORKER_PID:-}" 2>/dev/null || true
+  [ "$KEEP_SERVER" = 1 ] || kill "${SERVER_PID:-}" 2>/dev/null || true
+}
 trap cleanup EXIT
 
-"$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" >"$LOG/server.log" 2>&1 &
-SERVER_PID=$!
+if ! curl -sf "$PREFECT_API_URL/health" >/dev/null 2>&1; then
+  "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
+  SERVER_PID=$!
+  echo "$SERVER_PID" >"$PREFECT_HOME/server.pid"
+fi
 for _ in $(seq 1 90); do
   curl -sf "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
   sleep 1
 done
-curl -sf "$PREFECT_API_URL/health" >/dev/null || { cat "$LOG/server.log"; exit 1; }
+curl -sf "$PREFECT_API_URL/health" >/dev/null || { cat "$PREFECT_HOME/server.log"; exit 1; }
 
 "$BIN/prefect" work-pool create local-process --type process --overwrite >/dev/null
 "$BIN/prefect" --no-prompt deploy --name searchrl-tiny-local >"$LOG/deploy.log" 2>&1 \
