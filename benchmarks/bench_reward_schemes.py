@@ -2,21 +2,21 @@
 seeds on the embedded default (issue 25, item 2).
 
     .venv/bin/python benchmarks/bench_reward_schemes.py [--schemes scale forfeit penalty]
-        [--seeds 0 1 2] [--work runs/reward_schemes] [--out docs/results/reward_schemes.md]
-        [--config configs/tiny.yaml] [key.sub=value ...]
+        [--kinds em f1] [--seeds 0 1 2] [--work runs/reward_schemes]
+        [--out docs/results/reward_schemes.md] [--config configs/tiny.yaml] [key.sub=value ...]
 
-Each (seed, scheme) is the whole pipeline (`flows/pipeline.py`, a real Prefect flow run) with
-`run.seed=<seed> reward.malformed=<scheme>` (and `reward.correct_bad_format` /
-`reward.malformed_penalty` left at their defaults: 0.8 / -0.5) plus the given overrides. One
-work dir per seed: what the scheme does not shape (validation, the index, the cold start) is
+Each (seed, scheme, kind) is the whole pipeline (`flows/pipeline.py`, a real Prefect flow run)
+with `run.seed=<seed> reward.malformed=<scheme> reward.kind=<kind>` (`reward.correct_bad_format`
+/ `reward.malformed_penalty` at their defaults: 0.8 / -0.5) plus the given overrides. One work
+dir per seed: what the reward does not shape (validation, the index, the cold start) is
 computed by the seed's first run and reused by the others through the stage keys; the
 curriculum, training, evaluation and gate re-run. Every run logs to its own MLflow store, so no
 run is compared with another's champion. After each run its evaluation `results.json` and
-`decision.json` are copied to `<work>/seed<S>_<scheme>/`; a finished pair is not re-run.
+`decision.json` are copied to `<work>/seed<S>_<scheme>_<kind>/`; a finished run is not re-run.
 
-Prints, and writes to `--out`, per scheme the trained policy's test EM, F1, format rate and
-searches per question as mean [min, max] over seeds, the lowest per-type EM and the number of
-types at or below their SFT start, then one row per run. Wall time is the pipeline's.
+Prints, and writes to `--out`, per scheme and kind the trained policy's test EM, F1, format
+rate and searches per question as mean [min, max] over seeds, the lowest per-type EM and the
+number of types at or below their SFT start, then one row per run. Wall time is the pipeline's.
 """
 
 from __future__ import annotations
@@ -37,29 +37,30 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINED, SFT = "trained", "sft"
 
 
-def _run_pipeline(config: str, seed: int, scheme: str, work: Path, extra: list[str]) -> float:
-    seed_dir = work / f"seed{seed}"
-    overrides = [f"run.seed={seed}", f"reward.malformed={scheme}", f"run.work_dir={seed_dir}",
-                 f"tracking.tracking_uri=sqlite:///{(work / f'seed{seed}_{scheme}.db').resolve()}",
-                 *extra]
+def _run_pipeline(config: str, seed: int, scheme: str, kind: str, work: Path,
+                  extra: list[str]) -> float:
+    seed_dir, name = work / f"seed{seed}", f"seed{seed}_{scheme}_{kind}"
+    overrides = [f"run.seed={seed}", f"reward.malformed={scheme}", f"reward.kind={kind}",
+                 f"run.work_dir={seed_dir}",
+                 f"tracking.tracking_uri=sqlite:///{(work / f'{name}.db').resolve()}", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
            "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     started = time.perf_counter()
-    log = work / f"seed{seed}_{scheme}.log"
+    log = work / f"{name}.log"
     with log.open("w") as out:
         proc = subprocess.run([sys.executable, str(ROOT / "flows" / "pipeline.py"), "--config",
                                config, *overrides], cwd=ROOT, env=env, stdout=out,
                               stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"seed {seed} scheme {scheme}: pipeline exited {proc.returncode}; "
+        raise SystemExit(f"{name}: pipeline exited {proc.returncode}; "
                          f"see {log}")
     return time.perf_counter() - started
 
 
-def _collect(work: Path, seed: int, scheme: str, seconds: float) -> dict[str, Any]:
+def _collect(work: Path, seed: int, dest: Path, seconds: float) -> dict[str, Any]:
     """Copy the run's evaluation and decision next to the others; the figures this reads."""
-    seed_dir, dest = work / f"seed{seed}", work / f"seed{seed}_{scheme}"
+    seed_dir = work / f"seed{seed}"
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(seed_dir / "evaluate_policy" / "results.json", dest / "results.json")
     shutil.copy(seed_dir / "decide_go_no_go" / "decision.json", dest / "decision.json")
@@ -91,7 +92,7 @@ def _spread(values: list[float]) -> str:
 
 
 def _table(runs: dict[tuple[int, str], dict[str, Any]], schemes: list[str]) -> str:
-    lines = ["| scheme | seeds | test EM | F1 | format ok | searches/q | lowest type EM "
+    lines = ["| scheme_kind | seeds | test EM | F1 | format ok | searches/q | lowest type EM "
              "| types not above SFT |", "|---|---|---|---|---|---|---|---|"]
     for scheme in schemes:
         mine = [f for (_, s), f in sorted(runs.items()) if s == scheme]
@@ -102,7 +103,7 @@ def _table(runs: dict[tuple[int, str], dict[str, Any]], schemes: list[str]) -> s
                      f"| {_spread([f['searches'] for f in mine])} "
                      f"| {lowest[0]} {lowest[1]:.3f} "
                      f"| {sum(len(f['types_not_above_sft']) for f in mine)} |")
-    lines += ["", "| seed | scheme | test EM | SFT start EM | format ok | searches/q "
+    lines += ["", "| seed | scheme_kind | test EM | SFT start EM | format ok | searches/q "
               "| lowest type (EM) | types not above SFT | decision | wall s |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for (seed, scheme), f in sorted(runs.items()):
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schemes", nargs="+", default=["scale", "forfeit", "penalty"])
+    parser.add_argument("--kinds", nargs="+", default=["em"], help="reward.kind values")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "reward_schemes")
     parser.add_argument("--out", type=Path, default=None)
@@ -126,17 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[int, str], dict[str, Any]] = {}
+    variants = [f"{scheme}_{kind}" for scheme in args.schemes for kind in args.kinds]
     for seed in args.seeds:
-        for scheme in args.schemes:
-            dest = args.work / f"seed{seed}_{scheme}"
+        for variant in variants:
+            scheme, kind = variant.split("_")
+            dest = args.work / f"seed{seed}_{variant}"
             if (dest / "seconds.json").is_file():  # finished earlier: not re-run
-                runs[seed, scheme] = _figures(dest)
+                runs[seed, variant] = _figures(dest)
                 continue
-            seconds = _run_pipeline(args.config, seed, scheme, args.work, args.overrides)
-            runs[seed, scheme] = _collect(args.work, seed, scheme, seconds)
-            print(f"seed {seed} {scheme}: EM {runs[seed, scheme]['em']:.3f} format "
-                  f"{runs[seed, scheme]['format']:.3f} ({seconds:.0f} s)", flush=True)
-    table = _table(runs, args.schemes)
+            seconds = _run_pipeline(args.config, seed, scheme, kind, args.work, args.overrides)
+            runs[seed, variant] = _collect(args.work, seed, dest, seconds)
+            print(f"seed {seed} {variant}: EM {runs[seed, variant]['em']:.3f} format "
+                  f"{runs[seed, variant]['format']:.3f} ({seconds:.0f} s)", flush=True)
+    table = _table(runs, variants)
     print(table)
     if args.out is not None:
         args.out.write_text(table + "\n")
