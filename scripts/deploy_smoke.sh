@@ -28,8 +28,16 @@ export SEARCHRL_REPO_DIR=$PWD
 export SEARCHRL_DATA_DIR=${SEARCHRL_DATA_DIR:-$PWD/runs/deploy}
 LOG=$(mktemp -d)
 KEEP_SERVER=${KEEP_SERVER:-0}
+# A worker turns its first SIGTERM into a SIGINT to itself, which a background job of a
+# script ignores: it would poll on forever. Its second SIGTERM is a SIGKILL.
+stop_worker() {
+  [ -n "${WORKER_PID:-}" ] || return 0
+  kill "$WORKER_PID" 2>/dev/null || return 0
+  for _ in 1 2 3 4 5; do kill -0 "$WORKER_PID" 2>/dev/null || return 0; sleep 1; done
+  kill "$WORKER_PID" 2>/dev/null || true
+}
 cleanup() {
-  kill "${WORKER_PID:-}" 2>/dev/null || true
+  stop_worker
   [ "$KEEP_SERVER" = 1 ] || kill "${SERVER_PID:-}" 2>/dev/null || true
 }
 trap cleanup EXIT

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # tasks/ (the artifact key), as flows/pipeline.py does
+    sys.path.insert(0, str(ROOT))
 CONFIG = "configs/tiny.yaml"
 DEPLOYMENT = "searchrl-pipeline/searchrl-tiny-local"
 RUN_LINE = re.compile(r"^run (\S+) (\S+) start=(\S+) end=(\S+) waited_for_slot=[01]$", re.M)
@@ -133,11 +135,19 @@ def stage_keys(config: Any) -> dict[str, dict[str, str]]:
     """Each stage's key parts outside its input references, as the flow's cache key takes
     them (tasks/_common.py): its config fingerprint, code fingerprint, external inputs."""
     from searchrl.codehash import code_fingerprint
+    from searchrl.data.io import fingerprint
+    from searchrl.data.sources import source_fingerprint
     from searchrl.stages import STAGES
 
-    return {name: {"config": config.fingerprint_of(name), "code": code_fingerprint(s.run),
+    keys = {name: {"config": config.fingerprint_of(name), "code": code_fingerprint(s.run),
                    "external": s.external_inputs(config) if s.external_inputs else ""}
             for name, s in STAGES.items()}
+    # Validation's external inputs, apart: the data files and the stewards' overrides.
+    overrides = config.validate_.overrides_path
+    keys["validate_gold_labels"] |= {
+        "data files": source_fingerprint(config.data),
+        "stewards' overrides": fingerprint(overrides) if overrides else ""}
+    return keys
 
 
 def stage_inputs() -> dict[str, list[str]]:
@@ -160,12 +170,28 @@ def why_reran(stage: str, keys: tuple[dict[str, Any], dict[str, Any]],
                  "train_policy": " (the champion it starts from)",
                  "decide_go_no_go": " (the curriculum's recorded cost)"}.get(stage, "")}
     out = [labels[part] for part in labels if k1[stage][part] != k2[stage][part]]
+    if stage == "validate_gold_labels" and labels["external"] in out:
+        out.remove(labels["external"])
+        out += [f"its {part} changed" for part in ("data files", "stewards' overrides")
+                if k1[stage][part] != k2[stage][part]] or [labels["external"]]
     for upstream in stage_inputs()[stage]:
         a, b = r1.get(upstream, {}), r2.get(upstream, {})
         if (a.get("fingerprint"), a.get("files")) != (b.get("fingerprint"), b.get("files")):
-            fp1, fp2 = str(a.get("fingerprint"))[:16], str(b.get("fingerprint"))[:16]
-            out.append(f"input {upstream} changed (fingerprint {fp1}... -> {fp2}...)")
+            out.append(f"input {upstream} changed ({fingerprint_change(a, b)})")
     return out or ["no key part changed: its cached result was gone or stale"]
+
+
+def fingerprint_change(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What differs between two references' fingerprints: the named parts of a dataset's
+    (`train=...|corpus=...`), else both fingerprints shortened."""
+    fa, fb = str(a.get("fingerprint")), str(b.get("fingerprint"))
+    if "|" in fa + fb:
+        pa, pb = (dict(p.split("=", 1) for p in f.split("|") if "=" in p) for f in (fa, fb))
+        parts = sorted(k for k in pa.keys() | pb.keys() if pa.get(k) != pb.get(k))
+        return "changed parts: " + ", ".join(parts)
+    if fa == fb:
+        return "same fingerprint, other files"
+    return f"fingerprint {fa[:12]}... -> {fb[:12]}..."
 
 
 # --- the steward
@@ -202,12 +228,14 @@ def pick_decisions(work: Path, train_rows: list[dict[str, Any]],
                           "reason": f"two_weeks.py steward: gold replaced by {source}",
                           "steward": "two-weeks-steward"})
     accept = next((s for s in [*train_sus, *test_sus] if s["key"] != target["key"]), None)
-    if accept is not None:
-        rows.append(accept | {"decision": "accept", "reason": "two_weeks.py steward: gold "
-                              "checked against its passages and kept",
-                              "steward": "two-weeks-steward"})
-    else:
-        note += ("; " if note else "") + "no second suspect to accept"
+    if accept is None:  # a clean row, accepted as it stands (an override no check needs)
+        note += ("; " if note else "") + "no second suspect: a clean train row is accepted"
+        clean = next(r for r in train_rows if r["id"] != target["example_id"])
+        accept = {"example_id": clean["id"], "split": "train", "key": f"train/{clean['id']}",
+                  "golden_answers": clean["golden_answers"], "answer": ""}
+    rows.append(accept | {"decision": "accept", "reason": "two_weeks.py steward: gold "
+                          "checked against its passages and kept",
+                          "steward": "two-weeks-steward"})
     return rows, note
 
 
@@ -298,9 +326,13 @@ def prefect_records(flow_runs: dict[str, str], run_name: str, since: Any) -> dic
         while True:
             page = client.read_events(EventFilter(
                 event=EventNameFilter(prefix=["searchrl."]),
-                occurred=EventOccurredFilter(since=since)), limit=200)
+                occurred=EventOccurredFilter(since=since)), limit=50)  # the API's most
+            found = list(page.events)
+            while page.next_page is not None:
+                page = client.read_events_page(str(page.next_page))
+                found += page.events
             events: dict[str, list[str]] = {}
-            for e in page.events:
+            for e in found:
                 runs = [r.id.removeprefix("prefect.flow-run.") for r in e.related
                         if r.id.startswith("prefect.flow-run.")]
                 week = next((week_of[r] for r in runs if r in week_of), "outside the runs")
@@ -380,7 +412,8 @@ def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
     assert len(ran) == 2, f"expected 2 parent runs in {uri}, found {len(ran)}"
     for record, stages in zip(weeks, ran, strict=True):
         record["stages_ran"] = sorted(stages, key=list(STAGES).index)
-    weeks[0]["why"] = {s: ["no earlier result in the deployment's storage"] for s in ran[0]}
+    weeks[0]["why"] = {s: ["no earlier result in the deployment's storage"]
+                       for s in weeks[0]["stages_ran"]}
     weeks[1]["why"] = {s: why_reran(s, (keys[0], keys[1]), (refs[0], refs[1]))
                        for s in weeks[1]["stages_ran"]}
     for record, ref in zip(weeks, refs, strict=True):

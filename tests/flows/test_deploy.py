@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from searchrl.tracking import PARENT_TAG, child_runs
 from tests.flows.test_pipeline_flow import FAST, STAGES
+from tests.flows.test_two_weeks import prefect_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LINE = re.compile(r"^run (\S+) (\S+) start=(\S+) end=(\S+) waited_for_slot=([01])$", re.M)
@@ -37,6 +38,7 @@ def test_two_runs_of_the_deployment_queue_and_the_second_reuses_the_first(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "state: COMPLETED" in proc.stdout
+    assert prefect_processes(home) == []  # the worker and the server were stopped
 
     runs = sorted((datetime.fromisoformat(start), datetime.fromisoformat(end), int(waited))
                   for _, state, start, end, waited in RUN_LINE.findall(proc.stdout))

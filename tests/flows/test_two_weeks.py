@@ -1,0 +1,107 @@
+"""Two weeks of the local deployment (scripts/two_weeks.py) on a real Prefect server, a process
+worker and a real MLflow sqlite store: a steward's correction and new data between the weeks
+re-run validation and training, the corrected label reaches the model, the drift report sees
+the new rows and passages, the registry records the challenger and its decision, rollback
+moves the champion back, and the decision artifact and events of both runs are in the API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.flows.test_pipeline_flow import FAST
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def prefect_processes(prefect_home: Path, wait_s: float = 10.0) -> list[str]:
+    """Command lines of the Prefect servers and workers still running with this home (a worker
+    ignored deploy_smoke.sh's first SIGTERM and polled on, and took the next week's run)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                env = (proc / "environ").read_bytes().split(b"\0")
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if f"PREFECT_HOME={prefect_home}".encode() in env and "prefect" in cmd:
+                found.append(cmd)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_two_weeks_of_the_local_deployment(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    figures_path = tmp_path / "two_weeks.json"
+    proc = subprocess.run(
+        [sys.executable, "scripts/two_weeks.py", "--data", str(tmp_path / "data"),
+         "--json", str(figures_path), *FAST],
+        cwd=ROOT, capture_output=True, text=True, timeout=3000,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
+             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert prefect_processes(tmp_path / "prefect") == []  # no worker or server left behind
+    fig = json.loads(figures_path.read_text())
+    week1, week2 = fig["weeks"]
+    assert week1["state"] == week2["state"] == "COMPLETED"
+
+    # Week 1 ran every stage; week 2 re-ran validation and training, and says why.
+    assert len(week1["stages_ran"]) == 6
+    assert {"validate_gold_labels", "train_policy"} <= set(week2["stages_ran"])
+    assert week2["why"]["validate_gold_labels"] == ["its data files changed",
+                                                    "its stewards' overrides changed"]
+    assert ("input validate_gold_labels changed (changed parts: corpus, train)"
+            in week2["why"]["train_policy"])
+
+    # The steward's correction and acceptance went through apply-audit and reached the model.
+    steward = fig["steward"]
+    assert [d["decision"] for d in steward["decisions"]] == ["correct", "accept"]
+    assert steward["apply_audit"]["added"][0] == steward["corrected_id"]
+    assert len(steward["apply_audit"]["added"]) == 2
+    reached = fig["reached_the_model"]
+    assert reached["corrected_in_train_split"], reached
+    assert reached["week2_train_answers"] == steward["corrected_answers"]
+    assert reached["cold_start_rebuilt"] and reached["training_reran"]
+
+    # Drift against week 1's gold set: the new rows, the corrected answer, revised passages.
+    sets = fig["drift"]["sets"]
+    assert sets["qa:train"]["added"] == len(fig["data_changes"]["rows_added"]) > 0
+    assert sets["qa:train"]["changed"] >= 1
+    assert sets["corpus:corpus"]["changed"] == len(fig["data_changes"]["passages_changed"]) > 0
+
+    # The registry: every gate run registers a challenger tagged with its decision.
+    labels = ["GO" if w["decision"]["go"] else "NO-GO" for w in (week1, week2)]
+    reg = fig["registry_after_week2"]
+    assert reg["challenger"] == {"version": "2", "decision": labels[1]}
+    if labels == ["GO", "GO"]:  # week 2 replaced week 1's champion; rollback restores it
+        assert reg["champion"]["version"] == "2" and reg["previous-champion"]["version"] == "1"
+        assert fig["rollback"]["done"], fig["rollback"]
+        assert fig["registry_after_rollback"]["champion"]["version"] == "1"
+    else:  # FAST trains for minutes: the policy answers nothing, the gate says NO-GO (the
+        # accuracy interval cannot exclude zero) and there is no earlier champion to restore
+        assert fig["rollback"] == {"done": False, "exit_code": 11,
+                                   "message": fig["rollback"]["message"]}
+        assert "previous-champion" in fig["rollback"]["message"]
+        assert fig["registry_after_rollback"] == reg
+
+    # Prefect: the decision artifact of each run and its decision event, read from the server;
+    # apply-audit's gold-set event, posted outside the runs.
+    prefect = fig["prefect"]
+    for week, label in zip(("week1", "week2"), labels, strict=True):
+        assert prefect["artifacts"][week]["headline"].endswith(f" {label}: tiny")
+        assert any(e.startswith(f"searchrl.decision.{label.lower()} ")
+                   for e in prefect["events"][week])
+    assert any(e.startswith("searchrl.gold-set.updated")
+               for e in prefect["events"]["outside the runs"])
+    assert fig["week2_over_week1"] > 0
