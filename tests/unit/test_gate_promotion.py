@@ -15,6 +15,7 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.config import PipelineConfig
+from searchrl.contracts.drift import history_dir
 from searchrl.data.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.results import RESULTS_FILE
@@ -56,14 +57,24 @@ def _gate(tmp: Path, config: PipelineConfig, uri: str, policy: Path,
     results.write_text(json.dumps(_eval(sub, accs).to_dict()))
     train = sub / "train.jsonl"
     write_jsonl(train, [{"q": i} for i in range(150)])
+    digest = sub / "gold_digest"  # what validation leaves for the drift report
+    digest.mkdir()
+    (digest / "meta.json").write_text(json.dumps({"run": tag}))
     dataset = DatasetRef(paths={"train": str(train)}, fingerprints={"train": "fp-train"},
-                         corpus_path="", corpus_fingerprint="fp-corpus", fingerprint="x")
+                         corpus_path="", corpus_fingerprint="fp-corpus", fingerprint="x",
+                         digest_dir=str(digest))
     ckpt = CheckpointRef(policy_dir=str(policy), fingerprint=f"policy-{tag}",
                          training_seconds=36.0)
     sink = start_parent_run(uri, "exp", f"gate-{tag}", {})
     decide_go_no_go(config, dataset, ckpt, EvalRef(results_path=str(results),
                                                    fingerprint=f"eval-{tag}"), sink)
     return sink
+
+
+def _champion_digest(config: PipelineConfig) -> str | None:
+    """Whose gold-set digest the next drift report compares with (kept by the gate on GO)."""
+    meta = history_dir(config.run.work_dir) / "champion" / "meta.json"
+    return json.loads(meta.read_text())["run"] if meta.is_file() else None
 
 
 def _alias(uri: str, alias: str) -> str | None:
@@ -80,6 +91,7 @@ def test_candidates_are_challengers_a_go_never_replaces_a_stronger_champion_and_
     _gate(tmp_path, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
     assert (_alias(uri, CHALLENGER), _alias(uri, "champion"), _alias(uri, PREVIOUS)) == \
         ("1", "1", None)
+    assert _champion_digest(config) == "a"
     tags = model_version_tags(uri, "searchrl-world-b", "1")
     assert tags["decision"] == "GO" and tags["data.train"] == "fp-train"
     assert tags["data.corpus"] == "fp-corpus" and tags["policy_fingerprint"] == "policy-a"
@@ -89,6 +101,7 @@ def test_candidates_are_challengers_a_go_never_replaces_a_stronger_champion_and_
           {"retrieve_once": 0.2, "champion": 0.8, TRAINED: 0.6}, "b")
     assert (_alias(uri, CHALLENGER), _alias(uri, "champion")) == ("2", "1")
     assert model_version_tags(uri, "searchrl-world-b", "2")["decision"] == "NO-GO"
+    assert _champion_digest(config) == "a"  # a NO-GO leaves the champion's gold set alone
     decision = json.loads((tmp_path / "work" / "decide_go_no_go" / "decision.json").read_text())
     failed = [c for c in decision["checks"] if not c["passed"]]
     assert [c["name"] for c in failed] == ["champion"] and "version 1" in failed[0]["detail"]
@@ -96,6 +109,7 @@ def test_candidates_are_challengers_a_go_never_replaces_a_stronger_champion_and_
     _gate(tmp_path, config, uri, policy,
           {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.6}, "c")
     assert (_alias(uri, "champion"), _alias(uri, PREVIOUS)) == ("3", "1")
+    assert _champion_digest(config) == "c"
     # 4. Rollback from the CLI: champion back to 1, the reason recorded.
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(config.to_dict()))
