@@ -283,7 +283,15 @@ def reached_the_model(work: Path, steward: dict[str, Any], sft_before: str | Non
     rows = {r["id"]: r for r in read_jsonl(Path(validated["paths"]["train"]))}
     row = rows.get(steward["corrected_id"])
     sft = work / "train_policy" / "sft" / "searchrl_sft.json"
+    # The curriculum: the questions GRPO trains on, or the row dropped with its reason.
+    curriculum = json.loads((work / "filter_curriculum" / "ref.json").read_text())
+    seen = [(status, r) for status, key in (("kept", "train_path"), ("dropped", "dropped_path"))
+            if curriculum.get(key) for r in read_jsonl(Path(curriculum[key]))
+            if r["id"] == steward["corrected_id"]]
     return {"corrected_id": steward["corrected_id"],
+            "week2_curriculum": None if not seen else {
+                "status": seen[0][0], "answers": seen[0][1]["golden_answers"],
+                "reason": seen[0][1].get("reason", "")},
             "week2_train_answers": None if row is None else row["golden_answers"],
             "corrected_in_train_split": row is not None
             and row["golden_answers"] == steward["corrected_answers"],
@@ -457,7 +465,8 @@ def summary(fig: dict[str, Any]) -> str:
     m = fig["reached_the_model"]
     lines += ["\n== the correction reached the model",
               f"   week 2 train split, {m['corrected_id']}: {m['week2_train_answers']} "
-              f"(corrected: {m['corrected_in_train_split']})",
+              f"(corrected: {m['corrected_in_train_split']}); in week 2's curriculum: "
+              f"{m['week2_curriculum']}",
               f"   cold start rebuilt: {m['cold_start_rebuilt']}; training re-ran: "
               f"{m['training_reran']}; old checkpoints moved aside: {m['superseded_checkpoints']}"]
     dr = fig["drift"]

@@ -72,6 +72,8 @@ def test_two_weeks_of_the_local_deployment(tmp_path: Path) -> None:
     reached = fig["reached_the_model"]
     assert reached["corrected_in_train_split"], reached
     assert reached["week2_train_answers"] == steward["corrected_answers"]
+    # The curriculum estimated it with the corrected gold (kept for GRPO, or dropped saying why)
+    assert reached["week2_curriculum"]["answers"] == steward["corrected_answers"]
     assert reached["cold_start_rebuilt"] and reached["training_reran"]
 
     # Drift against week 1's gold set: the new rows, the corrected answer, revised passages.
