@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "reward_schemes")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--report-only", action="store_true",
+                        help="tabulate the finished runs only; start none")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             dest = args.work / f"seed{seed}_{variant}"
             if (dest / "seconds.json").is_file():  # finished earlier: not re-run
                 runs[seed, variant] = _figures(dest)
+                continue
+            if args.report_only:
                 continue
             seconds = _run_pipeline(args.config, seed, scheme, kind, args.work, args.overrides)
             runs[seed, variant] = _collect(args.work, seed, dest, seconds)
