@@ -83,6 +83,14 @@ def test_best_baseline_is_the_strongest(tmp_path: Path) -> None:
     assert name == "champion" and "not evaluated" in notes[0]
 
 
+def test_best_never_picks_the_champion(tmp_path: Path) -> None:
+    # The champion has its own check (non-inferiority); as the accuracy bar it made every
+    # week after the first GO beat it by min_accuracy_margin (seen in the two-week run).
+    ev = _eval(tmp_path, {"sft": 0.3, "champion": 0.55, TRAINED: 0.6})
+    assert choose_baseline(ev, "best")[0] == "sft"
+    assert choose_baseline(ev, "champion") == ("champion", [])  # named: still possible
+
+
 def test_go_with_measured_inputs_and_no_go_when_baseline_close(tmp_path: Path) -> None:
     ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})
     result, report = build_gate(_config(), ev, gold_pairs=500, stages=_train(3600.0),

@@ -33,6 +33,7 @@ from searchrl.models.tiny import build_tiny_model
 Mode = Literal["agentic", "no_search", "retrieve_once"]
 TRAINED = "trained"
 FRONTIER = "frontier"
+CHAMPION = "champion"  # the registry's champion, evaluated as a baseline
 _FRONTIER_PREFIX = "frontier:"
 
 

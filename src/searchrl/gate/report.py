@@ -17,7 +17,7 @@ from typing import Any, Literal
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, read_manifest
 from searchrl.eval.audit import GOLD_LIKELY_WRONG
-from searchrl.eval.baselines import FRONTIER, TRAINED
+from searchrl.eval.baselines import CHAMPION, FRONTIER, TRAINED
 from searchrl.eval.metrics import Interval, QuestionResult, Summary
 from searchrl.eval.results import EvalResult, read_question_results
 from searchrl.gate.payback import (
@@ -97,10 +97,16 @@ def _metric_rows(path: str | Path | None) -> Iterator[dict[str, Any]]:
 def choose_baseline(evaluation: EvalResult, wanted: str) -> tuple[str, list[str]]:
     """The baseline the accuracy condition compares with, and notes.
 
-    `best`: the evaluated baseline with the highest EM (the hardest bar to clear). A named
-    baseline that was not evaluated is returned as is; the gate then fails closed on it.
+    `best`: the evaluated baseline with the highest EM (the hardest bar to clear), the
+    registry's champion excepted: it is what the policy would replace, not the alternative
+    the policy must pay off against, and the champion check (non-inferiority within
+    gate.champion_margin) judges it. With it among `best`, every week after the first GO had
+    to beat the champion by min_accuracy_margin to be promoted. A named baseline that was
+    not evaluated is returned as is; the gate then fails closed on it.
     """
     baselines = {n: s for n, s in evaluation.systems.items() if n != TRAINED}
+    if wanted == "best":
+        baselines.pop(CHAMPION, None)
     if wanted != "best":
         if wanted not in baselines:
             return wanted, [f"gate.comparison_baseline={wanted!r} was not evaluated "
@@ -175,7 +181,6 @@ def comparator_of(config: PipelineConfig, evaluation: EvalResult) -> Comparator:
                       "measured: endpoint usage, the prompt re-sent every turn")
 
 
-CHAMPION = "champion"  # the baseline name of the registry's champion (eval.baselines)
 
 
 def champion_inputs(config: PipelineConfig, evaluation: EvalResult,
