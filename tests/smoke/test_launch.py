@@ -132,8 +132,12 @@ def test_a_killed_rank_or_stage_leaves_no_rank_running_and_the_rerun_resumes(
     result, overrides = launched
     copy = tmp_path / "work"
     _copy_upstream(Path(result["dataset"].corpus_path).parents[2], copy)
+    # Steps take ~0.15 s here, and the ranks of a killed stage may train up to the watchdog's
+    # interval (1 s) on: enough steps that no interrupted run can reach the end (with 10, a
+    # faster CI machine's SIGKILLed run saved step 10 and the next wait never ended).
+    steps = 40
     args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}",
-            "train.steps=10", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
+            f"train.steps={steps}", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
     ckpts = copy / "train_policy" / "checkpoints"
 
     def newest() -> int:
@@ -152,7 +156,9 @@ def test_a_killed_rank_or_stage_leaves_no_rank_running_and_the_rerun_resumes(
     # SIGKILL, then SIGTERM, of the stage process itself
     for sig in (signal.SIGKILL, signal.SIGTERM):
         # a checkpoint of this run (the killed one's ranks may have saved one more)
-        stage, tree = _start_until(args, ckpts / f"step_{newest() + 2:06d}")
+        target = newest() + 2
+        assert target < steps, f"an interrupted run trained to step {target - 2} of {steps}"
+        stage, tree = _start_until(args, ckpts / f"step_{target:06d}")
         if sig == signal.SIGTERM:  # meanwhile another trainer of this dir is refused
             rank0 = next(p for p in tree if "--local_rank=0" in p.cmdline())
             with (pytest.raises(CheckpointLockError, match=f"pid {rank0.pid} on"),
@@ -167,6 +173,6 @@ def test_a_killed_rank_or_stage_leaves_no_rank_running_and_the_rerun_resumes(
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {ckpts / f'step_{resume_from:06d}'}" in rerun.stdout
     assert (copy / "train_policy" / "ref.json").is_file()
-    assert newest() == 10
+    assert newest() == steps
     logs = sorted((copy / "train_policy" / "launch" / "logs").glob("*/*_rank0.log"))
     assert len(logs) == 4 and all("resumed from" in log.read_text() for log in logs[1:])
