@@ -31,6 +31,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from searchrl.text import normalize_answer
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # tasks/ (the artifact key), as flows/pipeline.py does
     sys.path.insert(0, str(ROOT))
@@ -200,7 +202,11 @@ def fingerprint_change(a: dict[str, Any], b: dict[str, Any]) -> str:
 def pick_decisions(work: Path, train_rows: list[dict[str, Any]],
                    corpus_text: str) -> tuple[list[dict[str, Any]], str]:
     """One `correct` (a train suspect) and one `accept` (another suspect) from week 1's audit
-    queue; without train suspects a clean train row is corrected. Returns rows, a note."""
+    queue; without train suspects a clean train row is corrected. Returns rows, a note.
+
+    `corpus_text`: the normalised passages, one per line. The correction is a whole-token span
+    of one, as validation's answerability check requires (a span no passage holds, such as a
+    policy's near-copy of a name, would be quarantined as unanswerable)."""
     eval_dir = work / "evaluate_policy"
     train_sus = read_jsonl(eval_dir / "suspect_labels_train.jsonl") \
         if (eval_dir / "suspect_labels_train.jsonl").is_file() else []
@@ -218,7 +224,8 @@ def pick_decisions(work: Path, train_rows: list[dict[str, Any]],
                   "golden_answers": first["golden_answers"], "answer": ""}
     gold = by_id[target["example_id"]]
     answer = str(target.get("answer") or "").strip()
-    if answer and answer.lower() in corpus_text and answer not in gold["golden_answers"]:
+    if (answer and answer not in gold["golden_answers"]
+            and f" {normalize_answer(answer)} " in corpus_text):
         corrected, source = [answer], "the policy's answer (found in the corpus)"
     else:  # another row's answer of the same type: an entity the corpus holds
         other = next(r for r in train_rows if r.get("type") == gold.get("type")
@@ -242,7 +249,8 @@ def pick_decisions(work: Path, train_rows: list[dict[str, Any]],
 def steward_step(data: Path, work: Path, overrides: list[str],
                  env: dict[str, str]) -> dict[str, Any]:
     world = data / "world"
-    corpus_text = "\n".join(p["contents"] for p in read_jsonl(world / "corpus.jsonl")).lower()
+    corpus_text = "".join(f" {normalize_answer(p['contents'])} \n"
+                          for p in read_jsonl(world / "corpus.jsonl"))
     validated = json.loads((work / "validate_gold_labels" / "ref.json").read_text())
     train_rows = read_jsonl(Path(validated["paths"]["train"]))
     rows, note = pick_decisions(work, train_rows, corpus_text)
