@@ -317,8 +317,8 @@ def rollback(uri: str, name: str, reason: str, alias: str = "champion",
 
 
 def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
-    """The version `alias` points at (`version`, `run_id`, `source`, `tags`), or None when the
-    model or the alias does not exist."""
+    """The version `alias` points at (`version`, `run_id`, `source`), or None when the model
+    or the alias does not exist (its tags: `model_version_tags`)."""
     client = MlflowClient(tracking_uri=uri)
     try:
         mv = client.get_model_version_by_alias(name, alias)

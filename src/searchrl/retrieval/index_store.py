@@ -358,12 +358,6 @@ class _Components:
         self.manifests: dict[str, dict[str, Any]] = {}
         self.reused: dict[str, bool] = {}
         self.encoder: Encoder | None = None  # loaded for embedding, kept for recall
-        self._raw: list[Passage] | None = None
-
-    def corpus(self) -> list[Passage]:
-        if self._raw is None:
-            self._raw = load_corpus(self.corpus_path)
-        return self._raw
 
     def build(self, wanted: Sequence[str]) -> None:
         """passages + scan always; bm25; dense: embeddings, then the faiss index over them."""
