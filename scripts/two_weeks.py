@@ -12,8 +12,11 @@ changed), the corrected label in week 2's train split, the drift report, the reg
 week 2, `rollback --reason` and the registry after it, the decision artifact and `searchrl.*`
 events of both flow runs read back from the server, and week-2 / week-1 wall time.
 
-Usage: .venv/bin/python scripts/two_weeks.py --data DIR [--json PATH] [key=value ...]
-DIR must be new or empty; key=value overrides go to every run (e.g. tests/flows FAST sizes).
+Usage: .venv/bin/python scripts/two_weeks.py --data DIR [--json PATH] [--week2 key=value ...]
+    [key=value ...]
+DIR must be new or empty; key=value overrides go to every run (e.g. tests/flows FAST sizes),
+`--week2` ones to week 2 and the rollback only (e.g. `train.init=champion`: week 2 continues
+from week 1's champion, as a team switches once a champion exists).
 """
 
 from __future__ import annotations
@@ -389,7 +392,7 @@ def rollback(overrides: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 
 def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
-              env: dict[str, str]) -> dict[str, Any]:
+              env: dict[str, str], week2_overrides: list[str] | None = None) -> dict[str, Any]:
     from datetime import UTC, datetime
 
     from searchrl.config import load_config
@@ -400,8 +403,10 @@ def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
     world = make_world(data, overrides, env)
     (data / "overrides.yaml").write_text("[]\n")
     run_overrides = [*world_overrides(data), *overrides]
+    week_overrides = (run_overrides, [*run_overrides, *(week2_overrides or [])])
     # As the deployment runs it: its own overrides (the work dir), then ours.
-    config = load_config(CONFIG, [f"run.work_dir={work}", *run_overrides])
+    configs = [load_config(CONFIG, [f"run.work_dir={work}", *o]) for o in week_overrides]
+    config = configs[-1]
     uri = f"sqlite:///{data / 'mlflow.db'}"
     gate = STAGES["decide_go_no_go"]
     keys: list[dict[str, Any]] = []
@@ -414,10 +419,10 @@ def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
         if week == 2:
             steward = steward_step(data, work, run_overrides, env)
             changes = data_step(data)
-        keys.append(stage_keys(config))
-        weeks.append(run_week(data, port, run_overrides, env, timeout_s))
+        keys.append(stage_keys(configs[week - 1]))
+        weeks.append(run_week(data, port, week_overrides[week - 1], env, timeout_s))
         assert gate.external_inputs is not None
-        keys[-1]["decide_go_no_go"]["external"] = gate.external_inputs(config)  # as it ran
+        keys[-1]["decide_go_no_go"]["external"] = gate.external_inputs(configs[week - 1])
         refs.append(stage_refs(work))
         # Week 1's references are kept before week 2 replaces them.
         (data / f"week{week}_refs.json").write_text(json.dumps(refs[-1], indent=1))
@@ -436,9 +441,10 @@ def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
         gate_ref = ref.get("decide_go_no_go", {})
         record["decision"] = {"go": gate_ref.get("go"), "reasons": gate_ref.get("reasons", [])}
     after_week2 = registry(uri, config.registry_model_name)
-    back = rollback(run_overrides, env)
+    back = rollback(week_overrides[1], env)
     return {
-        "command": [sys.executable, "scripts/two_weeks.py", "--data", str(data), *overrides],
+        "command": [sys.executable, "scripts/two_weeks.py", "--data", str(data),
+                    *(f"--week2={o}" for o in week2_overrides or []), *overrides],
         "world": world, "steward": steward, "data_changes": changes, "weeks": weeks,
         "reached_the_model": reached_the_model(work, steward, sft_before, ran[1]),
         "drift": drift_figures(work), "registry_after_week2": after_week2,
@@ -516,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--port", type=int, default=None, help="Prefect server port (free one)")
     parser.add_argument("--timeout-s", type=int, default=3600, help="per week")
+    parser.add_argument("--week2", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for week 2 (and the rollback) only; repeatable")
     parser.add_argument("overrides", nargs="*", help="key.sub=value, for every run")
     args = parser.parse_args(argv)
     data: Path = args.data.resolve()
@@ -532,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                               "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     try:
-        figures = two_weeks(data, args.overrides, port, args.timeout_s, env)
+        figures = two_weeks(data, args.overrides, port, args.timeout_s, env, args.week2)
     finally:  # the server deploy_smoke.sh left running for week 2
         pid_file = home / "server.pid"
         if pid_file.is_file():
