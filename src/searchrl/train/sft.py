@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.config import SFTConfig
@@ -144,8 +145,10 @@ def context_targets(ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Te
 
 def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: Sequence[Demo],
             cfg: SFTConfig, *, seed: int = 0,
-            on_step: Callable[[int, float], None] | None = None) -> SFTResult:
-    """Train `model` in place on `demos` for `cfg.epochs` epochs (AdamW, cosine decay).
+            on_step: Callable[[int, float], None] | None = None,
+            progress: bool = True) -> SFTResult:
+    """Train `model` in place on `demos` for `cfg.epochs` epochs (AdamW, cosine decay), with
+    a progress bar (the demo's cold start is minutes of it).
 
     Raises FloatingPointError on a non-finite loss (a diverged cold start is not worth saving).
     """
@@ -167,6 +170,7 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
     result = SFTResult()
     start = time.perf_counter()
     model.train()
+    bar = tqdm(total=total, desc="sft", unit="step", disable=not progress)
     for _ in range(cfg.epochs):
         order = list(range(len(data)))
         rng.shuffle(order)
@@ -183,8 +187,11 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: S
             result.steps += 1
             result.tokens_trained += sum(sum(d.loss_mask[1:]) for d in batch)
             result.losses.append(loss)
+            bar.update()
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             if on_step is not None:
                 on_step(result.steps, loss)
+    bar.close()
     model.eval()  # type: ignore[no-untyped-call]
     result.seconds = time.perf_counter() - start
     return result
