@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -155,15 +154,6 @@ def stage_keys(config: Any) -> dict[str, dict[str, str]]:
     return keys
 
 
-def stage_inputs() -> dict[str, list[str]]:
-    """Stage -> the stages whose references it takes (its positional reference arguments)."""
-    from searchrl.stages import STAGES
-
-    producer = {typing.get_type_hints(s.run)["return"]: n for n, s in STAGES.items()}
-    return {n: [producer[t] for k, t in typing.get_type_hints(s.run).items()
-                if k != "return" and t in producer] for n, s in STAGES.items()}
-
-
 def why_reran(stage: str, keys: tuple[dict[str, Any], dict[str, Any]],
               refs: tuple[dict[str, Any], dict[str, Any]]) -> list[str]:
     """The key parts of `stage` that differ between the weeks (refs: each week's ref.json)."""
@@ -179,7 +169,9 @@ def why_reran(stage: str, keys: tuple[dict[str, Any], dict[str, Any]],
         out.remove(labels["external"])
         out += [f"its {part} changed" for part in ("data files", "stewards' overrides")
                 if k1[stage][part] != k2[stage][part]] or [labels["external"]]
-    for upstream in stage_inputs()[stage]:
+    from searchrl.stages import STAGES
+
+    for upstream in STAGES[stage].upstream():
         a, b = r1.get(upstream, {}), r2.get(upstream, {})
         if (a.get("fingerprint"), a.get("files")) != (b.get("fingerprint"), b.get("files")):
             out.append(f"input {upstream} changed ({fingerprint_change(a, b)})")

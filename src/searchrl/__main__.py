@@ -33,12 +33,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import logging
 import sys
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -62,34 +59,15 @@ def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
     return MlflowSink(resolve_tracking_uri(config.tracking.tracking_uri), run_id)
 
 
-def _input_kinds(command: str) -> list[tuple[type, bool]]:
-    """The reference types a stage takes after its config, each with whether it is optional:
-    the positional parameters between `config` and `sink` (keyword options are not inputs)."""
-    from searchrl.stages import STAGES
-
-    run = STAGES[STAGE_COMMANDS[command]].run
-    hints = typing.get_type_hints(run)
-    positional = [p.name for p in inspect.signature(run).parameters.values()
-                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    kinds: list[tuple[type, bool]] = []
-    for name in positional[1:-1]:  # (config, *refs, sink, *, keyword options) -> ref
-        hint = hints[name]
-        optional = isinstance(hint, types.UnionType) and type(None) in hint.__args__
-        kinds.append((next(a for a in hint.__args__ if a is not type(None)) if optional
-                      else hint, optional))
-    return kinds
-
-
 def _inputs(command: str, config: PipelineConfig) -> list[Any]:
     """The stage's input references, read from the stages that produce them."""
     from searchrl.paths import StagePaths
     from searchrl.stages import STAGES, read_ref
 
-    producer = {typing.get_type_hints(s.run)["return"]: (cli, s.name)
-                for cli, name in STAGE_COMMANDS.items() for s in [STAGES[name]]}
+    producer = {STAGES[name].output_kind(): (cli, name) for cli, name in STAGE_COMMANDS.items()}
     paths = StagePaths(config.run.work_dir)
     inputs: list[Any] = []
-    for kind, optional in _input_kinds(command):
+    for kind, optional in STAGES[STAGE_COMMANDS[command]].input_kinds():
         cli, stage_name = producer[kind]
         stage_dir = paths.work_dir / stage_name
         if optional and not (stage_dir / "ref.json").is_file():

@@ -20,10 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import tempfile
 import time
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -629,6 +632,30 @@ class Stage:
     name: str
     run: Callable[..., Any]
     external_inputs: Callable[[PipelineConfig], str] | None = None
+
+    def input_kinds(self) -> list[tuple[type, bool]]:
+        """The reference types the stage takes after its config, each with whether it is
+        optional: the positional parameters between `config` and `sink` (keyword options are
+        not inputs)."""
+        hints = typing.get_type_hints(self.run)
+        positional = [p.name for p in inspect.signature(self.run).parameters.values()
+                      if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        kinds: list[tuple[type, bool]] = []
+        for name in positional[1:-1]:  # (config, *refs, sink, *, keyword options) -> ref
+            hint = hints[name]
+            optional = isinstance(hint, types.UnionType) and type(None) in hint.__args__
+            kinds.append((next(a for a in hint.__args__ if a is not type(None)) if optional
+                          else hint, optional))
+        return kinds
+
+    def output_kind(self) -> type:
+        """The reference type the stage returns."""
+        return typing.get_type_hints(self.run)["return"]  # type: ignore[no-any-return]
+
+    def upstream(self) -> list[str]:
+        """The stages whose references it takes, in its parameters' order."""
+        producer = {s.output_kind(): n for n, s in STAGES.items()}
+        return [producer[kind] for kind, _ in self.input_kinds()]
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in (

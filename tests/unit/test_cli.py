@@ -171,22 +171,26 @@ def test_the_flow_script_exits_with_the_code_and_the_message_alone() -> None:
 def test_every_stage_command_reads_exactly_the_references_its_stage_takes() -> None:
     # Keyword options after `sink` (searchers=...) are not inputs: a launched rank once took
     # the sink for an upstream reference and died with KeyError.
-    import typing
-
-    from searchrl.__main__ import STAGE_COMMANDS, _input_kinds
+    from searchrl.__main__ import STAGE_COMMANDS
     from searchrl.sinks import MetricsSink
     from searchrl.stages import STAGES
 
-    produced = {typing.get_type_hints(STAGES[name].run)["return"]
-                for name in STAGE_COMMANDS.values()}
-    kinds = {command: [kind.__name__ for kind, _ in _input_kinds(command)]
-             for command in STAGE_COMMANDS}
+    produced = {STAGES[name].output_kind() for name in STAGE_COMMANDS.values()}
+    kinds = {command: [kind.__name__ for kind, _ in STAGES[name].input_kinds()]
+             for command, name in STAGE_COMMANDS.items()}
     assert kinds == {"validate": [], "index": ["DatasetRef"],
                      "curriculum": ["DatasetRef", "IndexRef"],
                      "train": ["DatasetRef", "IndexRef", "CurriculumRef"],
                      "evaluate": ["DatasetRef", "IndexRef", "CheckpointRef"],
                      "gate": ["DatasetRef", "CheckpointRef", "EvalRef"]}
-    for command in STAGE_COMMANDS:
+    for name in STAGE_COMMANDS.values():
         assert all(kind in produced and kind is not MetricsSink
-                   for kind, _ in _input_kinds(command))
-    assert [optional for _, optional in _input_kinds("train")] == [False, False, True]
+                   for kind, _ in STAGES[name].input_kinds())
+    assert [optional for _, optional in STAGES["train_policy"].input_kinds()] == [
+        False, False, True]
+    assert {name: s.upstream() for name, s in STAGES.items()} == {
+        "validate_gold_labels": [], "build_index": ["validate_gold_labels"],
+        "filter_curriculum": ["validate_gold_labels", "build_index"],
+        "train_policy": ["validate_gold_labels", "build_index", "filter_curriculum"],
+        "evaluate_policy": ["validate_gold_labels", "build_index", "train_policy"],
+        "decide_go_no_go": ["validate_gold_labels", "train_policy", "evaluate_policy"]}
