@@ -594,10 +594,10 @@ class SFTConfig(_Section):
     # Rows per forward pass (None: the whole batch in one). Below `batch_size` a batch's
     # gradient is accumulated over micro-batches of its demos sorted by length, so a short
     # demo is not padded to the batch's longest; the loss is still the token mean over the
-    # whole batch, equal up to float rounding. On the tiny demo's 6,640 demos a random batch
-    # of 16 was 37% padding and 4 rows per pass made the cold start 25% faster (143 -> 107 s)
-    # but, the rounding being different, gave another SFT start (test EM 0.067 vs 0.133) and
-    # GRPO result (0.347 vs 0.487): tiny.yaml keeps one pass so its measured result stands.
+    # whole batch, equal up to float rounding. A random batch of 16 tiny-world demos is about
+    # 37% padding; 4 rows per pass made the tiny cold start's SFT 22% faster (184 -> 144 s, 2
+    # epochs). Another rounding gives another SFT start: results differ per seed as seeds do
+    # (docs/results/question_types.md), so compare a change over seeds, not one run.
     micro_batch_size: int | None = Field(None, ge=1)
     imperfect_fraction: float = Field(0.2, ge=0.0, le=1.0)
     # Relative weights of the imperfect kinds (train/demos.py): `skipped_search` stops the
