@@ -27,12 +27,14 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from searchrl.rl.prompts import build_prompt
+from searchrl.data.io import read_qa
+from searchrl.rl.prompts import ANSWER_OPEN, build_prompt
 
+# Trajectory texts keep the inserted blocks verbatim (INFO_OPEN / INFO_CLOSE, newlines aside).
 _INFO = re.compile(r"<information>(.*?)</information>", re.S)
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def _trajectories(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -43,34 +45,35 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=8,
                         help="failed copies to print per system")
     args = parser.parse_args()
-    questions = {q["id"]: q for q in _jsonl(args.run / "validate_gold_labels" / "test.jsonl")}
+    questions = {q.id: q for q in read_qa(args.run / "validate_gold_labels" / "test.jsonl")}
     tokenizer = AutoTokenizer.from_pretrained(str(args.run / "train_policy" / "sft"))
 
     for system in args.systems:
-        trajectories = _jsonl(args.run / "evaluate_policy" / f"trajectories_{system}.jsonl")
+        trajectories = _trajectories(
+            args.run / "evaluate_policy" / f"trajectories_{system}.jsonl")
         # type -> [exact queries, queries, answers in context, answers]
         rates: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         predecessor_counts: Counter[str] = Counter()
         shown: list[str] = []
         for traj in trajectories:
             question = questions[traj["example_id"]]
-            kind = question.get("type", "?")
+            kind = question.type or "?"
             infos = _INFO.findall(traj["text"])
             for turn, query in enumerate(traj["queries"]):
                 rates[kind][1] += 1
-                rates[kind][0] += query.strip() in question["question"] + " ".join(infos[:turn])
+                rates[kind][0] += query.strip() in question.question + " ".join(infos[:turn])
             answer = (traj.get("answer") or "").strip()
             if not answer:
                 continue
             rates[kind][3] += 1
-            rates[kind][2] += answer in question["question"] + " ".join(infos)
-            gold = question["golden_answers"][0]
+            rates[kind][2] += answer in question.question + " ".join(infos)
+            gold = question.golden_answers[0]
             if traj["correct"] or gold not in " ".join(infos):
                 continue
             # What the policy had read when it began its answer (not the answer itself).
-            read = traj["text"].rsplit("<answer>", 1)[0] + "<answer>"
-            context = tokenizer.tokenize(build_prompt(question["question"]) + read)
-            # The answer as the policy wrote it: after "<answer>" with the demos' leading space.
+            read = traj["text"].rsplit(ANSWER_OPEN, 1)[0] + ANSWER_OPEN
+            context = tokenizer.tokenize(build_prompt(question.question) + read)
+            # The answer as the policy wrote it: after ANSWER_OPEN with the demos' leading space.
             want, got = tokenizer.tokenize(" " + gold), tokenizer.tokenize(" " + answer)
             first_wrong = next((i for i, piece in enumerate(want)
                                 if i >= len(got) or got[i] != piece), len(want))
