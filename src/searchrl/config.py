@@ -715,6 +715,13 @@ class TrainConfig(_Section):
     # recipe), `champion` the registry's champion policy (eval.registry_model_name @
     # eval.champion_alias; its version enters the stage's key). Fails when none is registered.
     init: Literal["base", "champion"] = "base"
+    # PPO-ptx (train/ptx.py): each optimizer step adds `ptx_coef` x the SFT loss on
+    # `ptx_rows` gold demonstrations of `ptx_worlds` synthetic worlds the cold start never saw
+    # (`ptx_demos` in all, cycled), so RL keeps the copying the cold start taught. 0: off.
+    ptx_coef: float = Field(0.0, ge=0.0)
+    ptx_rows: int = Field(16, ge=1)
+    ptx_worlds: int = Field(4, ge=1)
+    ptx_demos: int = Field(2400, ge=1)
     sft: SFTConfig = SFTConfig()
     launch: LaunchConfig = LaunchConfig()
 

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.smoke
 
 
 MINIBATCH_DRIVER = DRIVER.with_name("_minibatch_driver.py")
+PTX_DRIVER = DRIVER.with_name("_ptx_driver.py")
 
 
 def _launch(init: Path, out: Path, trace: Path, *extra: str, driver: Path = DRIVER
@@ -117,6 +118,32 @@ def test_two_ranks_with_ppo_mini_batches_stay_in_sync_and_resume_exactly(
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["optimizer_steps"] == 4.0 for r in rows)
     assert all(r["ratio_max_abs_dev"] > 0.0 for r in rows)  # steps after the first moved it
+    launch("part", "--stop-after", "2")
+    resumed = launch("part")
+    assert [r["resumed_from"] for r in resumed] == [2, 2]
+    assert resumed[0]["losses"] == full[0]["losses"]
+    a = load_file(str(tmp_path / "full" / "policy" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_ranks_with_ppo_ptx_stay_in_sync_and_resume_exactly(
+        tmp_path: Path, init_dir: Path) -> None:
+    """PPO-ptx under ZeRO-2: each optimizer step's replayed rows are split over the ranks
+    (uneven: 3 rows), every rank adds its share in the same backward, and a resumed run replays
+    the same rows (they are indexed by optimizer step)."""
+    def launch(out: str, *extra: str) -> list[dict[str, Any]]:
+        return _launch(init_dir, tmp_path / out, tmp_path / f"{out}.trace", *extra,
+                       driver=PTX_DRIVER)
+
+    full = launch("full")
+    assert [r["steps_done"] for r in full] == [4, 4]
+    calls = _trace(tmp_path / "full.trace")
+    weights = {r: [c["weights"] for c in calls if c["rank"] == r] for r in (0, 1)}
+    assert weights[0] == weights[1] and len(set(weights[0])) == 4
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    nll = [r["ptx_nll"] for r in rows]
+    assert all(r["optimizer_steps"] == 4.0 for r in rows) and nll[-1] < nll[0], nll
     launch("part", "--stop-after", "2")
     resumed = launch("part")
     assert [r["resumed_from"] for r in resumed] == [2, 2]

@@ -90,7 +90,7 @@ def _demonstrations(config: PipelineConfig, train_examples: Sequence[QAExample],
     demos, stats = build_demos(train_examples, {p.id: p for p in passages}, searcher,
                                n_demos=cfg.n_demos, seed=config.run.seed, **demo_kwargs)
     extra, extra_stats = world_demos(
-        config.data.synthetic, extra_world_seeds(config), _bm25_searcher(config),
+        config.data.synthetic, extra_world_seeds(config), bm25_searcher(config),
         exclude_names={p.title for p in passages if p.title},
         n_demos=cfg.extra_world_demos, **demo_kwargs)
     demos += extra
@@ -119,14 +119,17 @@ def information_block(hits: Sequence[SearchHit]) -> str:
     return f"{INFO_OPEN}{format_passages(hits)}{INFO_CLOSE}"
 
 
-def extra_world_seeds(config: PipelineConfig) -> list[int]:
+def extra_world_seeds(config: PipelineConfig, first: int = 0, count: int | None = None
+                      ) -> list[int]:
     """Seeds of the extra synthetic worlds the cold start draws demonstrations from (none
-    equals the evaluated world's)."""
+    equals the evaluated world's): worlds `first` .. `first + count - 1` of the sequence
+    (default: the cold start's `train.sft.extra_worlds`; PPO-ptx takes the ones after)."""
     base = config.data.synthetic.seed
-    return [base + WORLD_SEED_STRIDE * (i + 1) for i in range(config.train.sft.extra_worlds)]
+    count = config.train.sft.extra_worlds if count is None else count
+    return [base + WORLD_SEED_STRIDE * (i + 1) for i in range(first, first + count)]
 
 
-def _bm25_searcher(config: PipelineConfig) -> SearcherFactory:
+def bm25_searcher(config: PipelineConfig) -> SearcherFactory:
     """An in-memory BM25 searcher per extra world (the index stage's BM25 settings)."""
     icfg = config.index.model_copy(update={"retriever": "bm25"})
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path
         sft_seconds = cold_start_seconds(sft_dir, time.perf_counter() - t0)
     dev = read_qa(dev_path)[: config.train.eval_questions] if dev_path else []
     result = train_grpo(config, train, searcher, sft_dir, out_dir, sink=sink, eval_examples=dev,
-                        progress=progress)
+                        progress=progress, exclude_names={p.title for p in passages if p.title})
     result.sft_seconds = sft_seconds
     return result
 
@@ -136,7 +136,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
                init_dir: Path, out_dir: Path, *, sink: MetricsSink | None = None,
                eval_examples: Sequence[QAExample] = (), rollout_fn: RolloutFn = run_rollouts,
                stop_after: int | None = None, progress: bool = True,
-               generator_factory: GeneratorFactory = make_generator) -> TrainResult:
+               generator_factory: GeneratorFactory = make_generator,
+               exclude_names: Collection[str] = ()) -> TrainResult:
     """GRPO from the policy in `init_dir`; writes under `out_dir`:
 
         policy/          final policy (save_pretrained + tokenizer)
@@ -150,11 +151,13 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     loop after that many steps of this call (for tests and preemption drills); the policy is
     then not saved as final. Raises TrainingError after `train.max_nonfinite_steps` skipped
     steps. `generator_factory(config, policy_dir=, model=, tokenizer=)` builds the
-    rollout backend (default: `generation.factory.make_generator`).
+    rollout backend (default: `generation.factory.make_generator`). `exclude_names` (this
+    run's corpus titles) never become targets of the PPO-ptx demonstrations (`train.ptx_coef`).
     """
     started = time.perf_counter()
     state = setup_trainer(config, train_examples, searcher, init_dir, out_dir, sink=sink,
-                          rollout_fn=rollout_fn, generator_factory=generator_factory)
+                          rollout_fn=rollout_fn, generator_factory=generator_factory,
+                          exclude_names=exclude_names)
     state.started = started
     tcfg = config.train
     end = tcfg.steps if stop_after is None else min(tcfg.steps, state.start_step + stop_after)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from searchrl.train import ds, selection
 from searchrl.train.checkpoint import load_checkpoint, prepare_checkpoint_dir, run_identity
 from searchrl.train.cold_start import SFT_KEY_FILE
 from searchrl.train.errors import TrainingError
+from searchrl.train.ptx import PtxReplay, build_replay
 from searchrl.train.seeds import seed_everything
 from searchrl.train.update import frozen_copy, sync_weights
 from searchrl.types import QAExample
@@ -58,6 +59,7 @@ class TrainResult:
     final_metrics: dict[str, float] = field(default_factory=dict)
     # train.keep_best: the best dev evaluation and its policy (None: off, or never evaluated);
     # `last_value` is `train.select_metric` at the last step, when it was evaluated.
+    ptx: PtxReplay | None = None  # train.ptx_coef: the demonstrations each step replays
     best: selection.Best | None = None
     best_policy_dir: Path | None = None
     last_value: float | None = None
@@ -84,6 +86,7 @@ class TrainerState:
     skipped: int = 0
     earlier_seconds: float = 0.0  # earlier attempts' seconds up to the resumed checkpoint
     started: float = field(default_factory=time.perf_counter)  # this attempt
+    ptx: PtxReplay | None = None  # train.ptx_coef: the demonstrations each step replays
     best: selection.Best | None = None  # train.keep_best: the best dev evaluation so far (rank 0)
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -109,9 +112,11 @@ class TrainerState:
 def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
                   searcher: Searcher, init_dir: Path, out_dir: Path, *,
                   sink: MetricsSink | None, rollout_fn: RolloutFn,
-                  generator_factory: GeneratorFactory) -> TrainerState:
-    """Seeds, policy, reference, engine, generator and sampler; resumed from this run's newest
-    verified checkpoint when `train.resume` (another run's are moved aside)."""
+                  generator_factory: GeneratorFactory,
+                  exclude_names: Collection[str] = ()) -> TrainerState:
+    """Seeds, policy, reference, engine, generator, sampler and the PPO-ptx replay (with
+    `train.ptx_coef`); resumed from this run's newest verified checkpoint when `train.resume`
+    (another run's are moved aside)."""
     tcfg, rcfg = config.train, config.rollout
     device = resolve_device(config.run.device)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +141,8 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
     state = TrainerState(config=config, engine=engine, ref=ref, generator=generator,
                          tokenizer=tokenizer, sampler=sampler, searcher=searcher,
                          rollout_fn=rollout_fn, out_dir=out_dir, rank=me, n_ranks=n_ranks,
-                         sink=sink if sink is not None and me == 0 else NullSink())
+                         sink=sink if sink is not None and me == 0 else NullSink(),
+                         ptx=build_replay(config, tokenizer, exclude_names))
     run_key = run_identity(config, train_examples, init_dir, n_ranks,
                            init_key_file=init_dir / SFT_KEY_FILE)
     ckpt = prepare_checkpoint_dir(state.checkpoints, run_key, resume=tcfg.resume)

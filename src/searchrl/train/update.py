@@ -12,7 +12,8 @@ stopping at a non-finite loss.
       _plan                 the rank's rows -> mini-batches of micro-batches, loss denominators
       _minibatch_order      each epoch's mini-batch order (seeded shuffle, the same on all ranks)
       _sampling_logprobs    no-grad old and reference log-probs, the sampling policy's metrics
-      _ppo_steps            per mini-batch: a gradient pass per micro-batch, one optimizer step
+      _ppo_steps            per mini-batch: a gradient pass per micro-batch (the last one adds
+                            the PPO-ptx loss, `train/ptx.py`), one optimizer step
 
 Also used by the loop: `sync_weights` (the new weights into a generator that keeps its own
 copy), `frozen_copy` (the KL reference), `timed` (the step's time breakdown).
@@ -36,6 +37,7 @@ from searchrl.generation.base import Generator
 from searchrl.rl.loss import LossOutput, aggregate_denominator, grpo_loss
 from searchrl.rl.records import RolloutRecord
 from searchrl.train.ds import all_reduce, full_parameters
+from searchrl.train.ptx import ptx_loss
 from searchrl.train.seeds import rollout_seed
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
 
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 
 Rows = tuple[int, int]  # [start, stop) rows of the packed batch
 _TOTALS = ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max_abs_dev",
-           "optimizer_steps")
+           "optimizer_steps", "ptx_nll")
 
 
 @contextmanager
@@ -72,6 +74,7 @@ class _Pass:
     per micro-batch, the sampling policy's metrics, the time breakdown."""
 
     state: TrainerState
+    step: int
     packed: PackedBatch
     plan: _Plan
     olds: dict[Rows, torch.Tensor] = field(default_factory=dict)
@@ -108,7 +111,7 @@ def ppo_update(state: TrainerState, step: int, records: Sequence[RolloutRecord],
     orders = [_minibatch_order(state.config.run.seed, step, epoch, plan)
               for epoch in range(tcfg.ppo_epochs)]
     first = {micro for micro, _ in plan.minis[orders[0][0]]} if orders[0] else set()
-    batch = _Pass(state, packed, plan)
+    batch = _Pass(state, step, packed, plan)
     _sampling_logprobs(batch, own_pass=first)
     steps = _ppo_steps(batch, orders)
     if steps is None:
@@ -228,33 +231,49 @@ def _ppo_steps(batch: _Pass, orders: list[list[int]]) -> dict[str, float] | None
     step each. Loss metrics: means over the optimizer steps (by denominator share, so one step
     reports the batch loss); ratio and clip: token means over every pass (max for the
     deviation). None if a loss was non-finite on any rank."""
-    engine = batch.state.engine
+    engine, tcfg = batch.state.engine, batch.state.config.train
     totals = dict.fromkeys(_TOTALS, 0.0)
+    # PPO-ptx rows are indexed by optimizer step: the same on every rank and after a resume.
+    first_index = batch.step * tcfg.ppo_epochs * tcfg.ppo_mini_batches
     engine.train()
     try:
-        for j in (j for order in orders for j in order):
-            if not _mini_batch_step(batch, j, totals):
+        for k, j in enumerate(j for order in orders for j in order):
+            if not _mini_batch_step(batch, j, totals, first_index + k):
                 engine.zero_grad()
                 return None
             totals["optimizer_steps"] += 1
     finally:
         engine.set_gradient_accumulation_boundary(None)
+    if batch.state.ptx is None:
+        del totals["ptx_nll"]
+    else:  # the replayed rows' token-mean NLL, averaged over the optimizer steps
+        totals["ptx_nll"] /= max(totals["optimizer_steps"], 1.0)
     return totals
 
 
-def _mini_batch_step(batch: _Pass, j: int, totals: dict[str, float]) -> bool:
-    """Mini-batch `j`: gradients accumulated over its micro-batches, the optimizer step at its
-    last; False as soon as a loss is non-finite on any rank (checked before its backward)."""
-    engine, micros = batch.state.engine, batch.plan.minis[j]
+def _mini_batch_step(batch: _Pass, j: int, totals: dict[str, float], index: int) -> bool:
+    """Mini-batch `j` (optimizer step `index` of the run): gradients accumulated over its
+    micro-batches, plus the PPO-ptx loss in its last one, the optimizer step at its last;
+    False as soon as a loss is non-finite on any rank (checked before its backward)."""
+    state, micros = batch.state, batch.plan.minis[j]
+    engine = state.engine
     for k, (micro, real) in enumerate(micros):
         mb = batch.packed.slice(*micro)
         with timed(batch.times, "time_forward_s"):
             out = _forward_loss(batch, j, micro, real, mb)
-        if not all_reduce([float(bool(torch.isfinite(out.loss)))], "min")[0]:
+        loss = out.loss if real else out.loss * 0.0
+        if k == len(micros) - 1 and state.ptx is not None:
+            with timed(batch.times, "time_ptx_s"):
+                ptx = ptx_loss(engine, state.ptx, index, state.rank, state.n_ranks,
+                               state.pad_id)
+            loss = loss + ptx
+            totals["ptx_nll"] += all_reduce(
+                [float(ptx.detach()) / state.n_ranks / state.ptx.coef])[0]
+        if not all_reduce([float(bool(torch.isfinite(loss)))], "min")[0]:
             return False
         engine.set_gradient_accumulation_boundary(k == len(micros) - 1)
         with timed(batch.times, "time_backward_s"):
-            engine.backward(out.loss if real else out.loss * 0.0, scale_wrt_gas=False)
+            engine.backward(loss, scale_wrt_gas=False)
         with timed(batch.times, "time_optimizer_s"):
             engine.step()
         if real:
