@@ -44,6 +44,10 @@ The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
 - dynamic sampling (`curriculum.dynamic_filtering`): groups without reward variance are
   dropped and the batch is refilled from the curriculum sampler (DAPO), a bounded number of
   rounds.
+- PPO-ptx (`train.ptx_coef`, off by default; InstructGPT eq. 2, not in eq. 3): every
+  optimizer step adds `ptx_coef` x the SFT loss on gold demonstrations of synthetic worlds the
+  cold start never saw, so the copying the cold start taught is not unlearnt where the outcome
+  reward does not check it; see `ptx.py`.
 
 Entry points: `train_policy_run` (cold start + GRPO; `python -m searchrl train` and the flow
 call it) and `train_grpo` (GRPO from a given start policy).
