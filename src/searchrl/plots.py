@@ -75,6 +75,9 @@ def plot_curve(history: Sequence[dict[str, Any]], path: Path) -> Path:
     axes[0].set_title("training rollouts")
     axes[1].plot(steps, [h["searches_per_rollout"] for h in history], label="searches/rollout")
     axes[1].plot(steps, [h.get("kl", math.nan) for h in history], label="KL (k3)")
+    if any("ptx_nll" in h for h in history):  # train.ptx_coef: the replayed demos' NLL
+        axes[1].plot(steps, [h.get("ptx_nll", math.nan) for h in history],
+                     label="replay NLL (PPO-ptx)")
     axes[1].set_xlabel("step")
     axes[1].legend()
     evals = [h for h in history if "dev_em_all" in h]

@@ -59,7 +59,6 @@ class TrainResult:
     final_metrics: dict[str, float] = field(default_factory=dict)
     # train.keep_best: the best dev evaluation and its policy (None: off, or never evaluated);
     # `last_value` is `train.select_metric` at the last step, when it was evaluated.
-    ptx: PtxReplay | None = None  # train.ptx_coef: the demonstrations each step replays
     best: selection.Best | None = None
     best_policy_dir: Path | None = None
     last_value: float | None = None
