@@ -75,5 +75,5 @@ def test_the_cold_start_fingerprint_reaches_demo_sft_and_model_code() -> None:
             "searchrl.train.seeds"} <= import_closure(roots).keys()
     # Its helpers in cold_start.py are hashed by their source.
     for helper in ("_demonstrations", "bm25_searcher", "information_block",
-                   "extra_world_seeds"):
+                   "extra_world_seeds", "demo_kwargs"):
         assert any(f"def {helper}(" in s for s in sources), helper

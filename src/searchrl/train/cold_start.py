@@ -82,17 +82,13 @@ def _demonstrations(config: PipelineConfig, train_examples: Sequence[QAExample],
     """The SFT demonstrations: scripted search chains on the train split and on the extra
     synthetic worlds, then the corpus as text when `train.sft.corpus_lm`; counts logged."""
     cfg = config.train.sft
-    demo_kwargs: dict[str, Any] = {
-        "prompt_fn": build_prompt, "info_fn": information_block,
-        "top_k": config.rollout.top_k, "imperfect_fraction": cfg.imperfect_fraction,
-        "imperfect_kinds": cfg.imperfect_kinds,
-        "baseline_fraction": cfg.baseline_fraction, "answer_open": ANSWER_OPEN}
+    kwargs = demo_kwargs(config)
     demos, stats = build_demos(train_examples, {p.id: p for p in passages}, searcher,
-                               n_demos=cfg.n_demos, seed=config.run.seed, **demo_kwargs)
+                               n_demos=cfg.n_demos, seed=config.run.seed, **kwargs)
     extra, extra_stats = world_demos(
         config.data.synthetic, extra_world_seeds(config), bm25_searcher(config),
         exclude_names={p.title for p in passages if p.title},
-        n_demos=cfg.extra_world_demos, **demo_kwargs)
+        n_demos=cfg.extra_world_demos, **kwargs)
     demos += extra
     if cfg.corpus_lm:
         demos += corpus_documents(passages, information_block)
@@ -112,6 +108,19 @@ def _demonstrations(config: PipelineConfig, train_examples: Sequence[QAExample],
                         stats.by_type.get(k, 0) + extra_stats.by_type.get(k, 0)
                         for k in stats.by_type | extra_stats.by_type})
     return demos
+
+
+def demo_kwargs(config: PipelineConfig, *, gold_only: bool = False) -> dict[str, Any]:
+    """How `build_demos` / `world_demos` format a demonstration: the rollout loop's prompt,
+    `<information>` block, top-k and answer tag, and the SFT config's shares of deliberately
+    imperfect and baseline-format demonstrations (`gold_only`: none, as PPO-ptx replays)."""
+    cfg = config.train.sft
+    return {"prompt_fn": build_prompt, "info_fn": information_block,
+            "top_k": config.rollout.top_k,
+            "imperfect_fraction": 0.0 if gold_only else cfg.imperfect_fraction,
+            "imperfect_kinds": cfg.imperfect_kinds,
+            "baseline_fraction": 0.0 if gold_only else cfg.baseline_fraction,
+            "answer_open": ANSWER_OPEN}
 
 
 def information_block(hits: Sequence[SearchHit]) -> str:

@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from searchrl.config import PipelineConfig
-from searchrl.rl.prompts import ANSWER_OPEN, build_prompt
-from searchrl.train.cold_start import bm25_searcher, extra_world_seeds, information_block
+from searchrl.train.cold_start import bm25_searcher, demo_kwargs, extra_world_seeds
 from searchrl.train.demos import world_demos
 from searchrl.train.sft import TokenizedDemo, collate_demos, masked_nll, tokenize_demo
 
@@ -51,12 +50,9 @@ def build_replay(config: PipelineConfig, tokenizer: Any, exclude_names: Collecti
         return None
     seeds = extra_world_seeds(config, first=config.train.sft.extra_worlds,
                               count=tcfg.ptx_worlds)
-    demos, _ = world_demos(
-        config.data.synthetic, seeds, bm25_searcher(config), exclude_names=exclude_names,
-        n_demos=tcfg.ptx_demos, prompt_fn=build_prompt, info_fn=information_block,
-        top_k=config.rollout.top_k, imperfect_fraction=0.0,
-        imperfect_kinds=config.train.sft.imperfect_kinds, baseline_fraction=0.0,
-        answer_open=ANSWER_OPEN)
+    demos, _ = world_demos(config.data.synthetic, seeds, bm25_searcher(config),
+                           exclude_names=exclude_names, n_demos=tcfg.ptx_demos,
+                           **demo_kwargs(config, gold_only=True))
     if not demos:
         raise ValueError(f"train.ptx_coef={tcfg.ptx_coef}: the {tcfg.ptx_worlds} replay "
                          "worlds gave no demonstration (raise train.ptx_demos)")
