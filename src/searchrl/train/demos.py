@@ -66,6 +66,7 @@ class Demo:
     hops: int
     answer: str
     segments: tuple[tuple[str, bool], ...]  # (text, trainable)
+    qtype: str = "unknown"  # the question's type (the replay can balance over it)
 
     @property
     def text(self) -> str:
@@ -214,7 +215,7 @@ def _render(ex: QAExample, titles: list[str], hits: Mapping[str, list[SearchHit]
         segments.append((info_fn(hits[title]), False))
     segments.append((f"<think>answer</think><answer> {answer} </answer>{eos}", True))
     return Demo(example_id=ex.id, kind=kind, hops=len(titles), answer=answer,
-                segments=tuple(segments))
+                segments=tuple(segments), qtype=ex.type or "unknown")
 
 
 def _render_baseline(ex: QAExample, kind: DemoKind,
@@ -228,7 +229,7 @@ def _render_baseline(ex: QAExample, kind: DemoKind,
     segments.append((answer_open, False))
     segments.append((f" {answer} </answer>{eos}", True))
     return Demo(example_id=ex.id, kind=kind, hops=ex.hops or 0, answer=answer,
-                segments=tuple(segments))
+                segments=tuple(segments), qtype=ex.type or "unknown")
 
 
 def world_demos(world_cfg: SyntheticWorldConfig, seeds: Sequence[int],
