@@ -22,6 +22,7 @@ Run it: `python flows/pipeline.py --config configs/tiny.yaml [key.sub=value ...]
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,10 @@ def pipeline(config_path: str = "configs/tiny.yaml",
             "evaluation": evaluation, "decision": decision}
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the flow; 0 when it finished (GO or NO-GO: the decision is its result, not a
     failure), else the failed stage's error code (`searchrl.exit_codes`), message alone."""
@@ -91,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     args = parser.parse_args(argv)
+    # SIGTERM (a scheduler's timeout, `kill`): Prefect marks the run Crashed, then re-sends the
+    # signal to the previous handler. Python's default would end the process without its exit
+    # handlers, leaving Prefect's temporary server (stopped atexit) running; this one exits.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         load_config(args.config, args.overrides)  # a bad config fails before Prefect starts
         result = pipeline(config_path=args.config, overrides=args.overrides)

@@ -1,0 +1,65 @@
+"""SIGTERM to `flows/pipeline.py` (a scheduler's timeout, `kill`) ends the whole process tree.
+
+Run as a plain script, Prefect starts a temporary API server (a uvicorn child) and stops it
+in an exit handler. On SIGTERM Prefect marks the flow run Crashed and re-sends the signal to
+the handler it replaced; with Python's default the process died without exit handlers and the
+server outlived it, one more per killed run. The pipeline now exits 143 through its exit
+handlers: no child survives, and the MLflow parent run is marked FAILED.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+
+from tests.conftest import REPO_ROOT
+from tests.flows.test_pipeline_flow import FAST
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text(errors="replace"):
+        assert proc.poll() is None, log.read_text(errors="replace")
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s} s: {log.read_text()}"
+        time.sleep(0.2)
+
+
+def test_sigterm_stops_prefects_temporary_server_and_fails_the_run(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")  # no API configured: a temporary server
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log = tmp_path / "pipeline.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "flows/pipeline.py", "--config", "configs/tiny.yaml", *FAST,
+             f"run.work_dir={tmp_path / 'work'}", f"tracking.tracking_uri={uri}"],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    children: list[psutil.Process] = []
+    try:
+        # Mid-flow: the first stage has finished (the MLflow parent run exists).
+        _wait_for(log, "Task run 'validate_gold_labels", proc, timeout_s=240)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert any("uvicorn" in " ".join(c.cmdline()) for c in children), children
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [" ".join(c.cmdline()) for c in alive]
+    finally:  # a failed check leaves no process behind either
+        for leftover in [p for p in children if p.is_running()]:
+            leftover.kill()
+        if proc.poll() is None:
+            proc.kill()
+    assert "Crashed" in log.read_text()
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("searchrl-tiny")
+    assert experiment is not None
+    parents = [r for r in client.search_runs([experiment.experiment_id])
+               if "mlflow.parentRunId" not in r.data.tags]
+    assert [r.info.status for r in parents] == ["FAILED"]
