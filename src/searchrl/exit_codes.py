@@ -47,6 +47,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(11, "the model registry has no version to act on (rollback without a "
                  "previous-champion, or without a reason)", ("RegistryError",)),
     ExitCode(BUG, "a bug: the traceback is printed"),
+    ExitCode(143, "stopped by SIGTERM (128 + 15): the flow run is Crashed, its MLflow run "
+                  "FAILED; a re-run resumes from the completed stages and checkpoints"),
 )
 
 _BY_NAME = {name: e.code for e in EXIT_CODES for name in e.errors}
