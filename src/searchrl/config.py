@@ -722,11 +722,6 @@ class TrainConfig(_Section):
     ptx_rows: int = Field(16, ge=1)
     ptx_worlds: int = Field(4, ge=1)
     ptx_demos: int = Field(2400, ge=1)
-    # `uniform`: the demonstrations in one seeded order, as the worlds' train splits mix the
-    # types. `by_type`: every question type takes an equal share of the replayed rows (rare
-    # types' demonstrations recur more often), so the rarest, hardest copy (two-word founder
-    # names, ~5% of the demonstrations) is replayed as often as any other type.
-    ptx_sampling: Literal["uniform", "by_type"] = "uniform"
     sft: SFTConfig = SFTConfig()
     launch: LaunchConfig = LaunchConfig()
 

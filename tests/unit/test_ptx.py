@@ -3,8 +3,6 @@ trains on, and a loss whose rank shares average to the single-process loss."""
 
 from __future__ import annotations
 
-import random
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from searchrl.data.synthetic import generate_world
 from searchrl.rl.prompts import ANSWER_OPEN
 from searchrl.train.cold_start import extra_world_seeds
-from searchrl.train.demos import Demo
-from searchrl.train.ptx import balanced_by_type, build_replay, ptx_loss, step_rows
+from searchrl.train.ptx import build_replay, ptx_loss, step_rows
 from tests.train_fixture import build_init_policy, tiny_config
 
 PTX = {"ptx_coef": 0.5, "ptx_worlds": 2, "ptx_demos": 12, "ptx_rows": 5}
@@ -61,38 +58,6 @@ def test_excluded_names_never_become_targets(policy: tuple) -> None:
     for row in replay.rows:
         answer = tokenizer.decode(row.input_ids).rsplit(ANSWER_OPEN, 1)[1]
         assert not any(f" {name} " in answer for name in names)
-
-
-def _demo(i: int, qtype: str) -> Demo:
-    return Demo(example_id=f"q{i}", kind="gold", hops=1, answer="a", segments=(), qtype=qtype)
-
-
-def test_by_type_gives_every_type_an_equal_share_and_repeats_the_rare_ones() -> None:
-    demos = [_demo(i, "common") for i in range(9)] + [_demo(9, "rare"), _demo(10, "mid"),
-                                                      _demo(11, "mid")]
-    rows = balanced_by_type(demos, random.Random(0))
-    assert len(rows) == len(demos)
-    assert Counter(d.qtype for d in rows) == {"common": 4, "rare": 4, "mid": 4}
-    # Types take turns, so any window of 3 rows holds each type once.
-    assert all({d.qtype for d in rows[i:i + 3]} == {"common", "rare", "mid"}
-               for i in range(0, 12, 3))
-    # Each type's demonstrations cycle in their given order; the common type's first four.
-    assert [d.example_id for d in rows if d.qtype == "mid"] == ["q10", "q11", "q10", "q11"]
-    assert [d.example_id for d in rows if d.qtype == "common"] == ["q0", "q1", "q2", "q3"]
-
-
-def test_by_type_replay_is_balanced_where_uniform_follows_the_worlds(policy: tuple) -> None:
-    _, tokenizer = policy
-    founder = ("Who founded", "founder of")
-    counts = {}
-    for sampling in ("uniform", "by_type"):
-        cfg = tiny_config(Path("/tmp"), **{**PTX, "ptx_demos": 300, "ptx_sampling": sampling})
-        replay = build_replay(cfg, tokenizer, ())
-        assert replay is not None and len(replay.rows) == 300
-        counts[sampling] = sum(any(f in tokenizer.decode(r.input_ids) for f in founder)
-                               for r in replay.rows)
-    # Three of the ~10 types ask for or go through a founder: a uniform replay has far fewer.
-    assert counts["by_type"] > 1.5 * counts["uniform"]
 
 
 def test_rows_cycle_by_optimizer_step_and_split_over_ranks(policy: tuple) -> None:

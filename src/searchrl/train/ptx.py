@@ -19,7 +19,7 @@ and scales its loss so that DeepSpeed's gradient average is the single-process g
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ import torch
 
 from searchrl.config import PipelineConfig
 from searchrl.train.cold_start import bm25_searcher, demo_kwargs, extra_world_seeds
-from searchrl.train.demos import Demo, world_demos
+from searchrl.train.demos import world_demos
 from searchrl.train.sft import TokenizedDemo, collate_demos, masked_nll, tokenize_demo
 
 
@@ -56,30 +56,9 @@ def build_replay(config: PipelineConfig, tokenizer: Any, exclude_names: Collecti
     if not demos:
         raise ValueError(f"train.ptx_coef={tcfg.ptx_coef}: the {tcfg.ptx_worlds} replay "
                          "worlds gave no demonstration (raise train.ptx_demos)")
-    rng = random.Random(config.run.seed)
-    rng.shuffle(demos)
-    if tcfg.ptx_sampling == "by_type":
-        demos = balanced_by_type(demos, rng)
-    # Balancing repeats demonstrations: tokenize each once.
-    tokenized: dict[int, TokenizedDemo] = {}
-    rows = [tokenized.setdefault(id(d), tokenize_demo(d, tokenizer, config.train.sft.max_len))
-            for d in demos]
+    rows = [tokenize_demo(d, tokenizer, config.train.sft.max_len) for d in demos]
+    random.Random(config.run.seed).shuffle(rows)
     return PtxReplay(rows, tcfg.ptx_rows, tcfg.ptx_coef)
-
-
-def balanced_by_type(demos: Sequence[Demo], rng: random.Random) -> list[Demo]:
-    """As many rows as `demos`, the question types taking turns (in a seeded order): the
-    j-th row of a type is its (j mod count)-th demonstration, so a rare type's recur."""
-    by_type: dict[str, list[Demo]] = {}
-    for demo in demos:
-        by_type.setdefault(demo.qtype, []).append(demo)
-    types = sorted(by_type)
-    rng.shuffle(types)
-    rows = []
-    for j in range(len(demos)):
-        of_type = by_type[types[j % len(types)]]
-        rows.append(of_type[(j // len(types)) % len(of_type)])
-    return rows
 
 
 def step_rows(replay: PtxReplay, index: int, rank: int, n_ranks: int
