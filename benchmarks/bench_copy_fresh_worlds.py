@@ -24,11 +24,11 @@ fresh worlds take its world sizes and hop mix. About a minute per policy on 2 co
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from searchrl.config import load_config
@@ -75,7 +75,7 @@ def _slots(demos: list[Demo], tokenizer: PreTrainedTokenizerBase, max_len: int) 
 def _copied(generator: Generator, slots: list[Slot], batch: int, label: str) -> list[float]:
     tokenizer = generator.tokenizer
     scores: list[float] = []
-    for start in range(0, len(slots), batch):
+    for start in tqdm(range(0, len(slots), batch), desc=label, unit="batch"):
         part = slots[start:start + batch]
         params = SamplingParams(max_new_tokens=32, greedy=True,
                                 stop=tuple(sorted(set(_CLOSE.values()))))
@@ -85,9 +85,6 @@ def _copied(generator: Generator, slots: list[Slot], batch: int, label: str) -> 
             text = tokenizer.decode(out.token_ids, skip_special_tokens=False)
             text = text.split(_CLOSE["<answer>"])[0].split(_CLOSE["<search>"])[0]
             scores.append(exact_match(text, [slot.gold]))
-        print(f"  {label}: {min(start + batch, len(slots))}/{len(slots)}",
-              end="\r", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
     return scores
 
 
