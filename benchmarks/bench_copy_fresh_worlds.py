@@ -27,12 +27,13 @@ import argparse
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from searchrl.config import load_config
-from searchrl.eval.metrics import bootstrap_mean_ci, paired_bootstrap_delta
+from searchrl.eval.metrics import paired_bootstrap_delta
 from searchrl.generation.base import Generator, SamplingParams
 from searchrl.generation.factory import make_generator
 from searchrl.rl.rewards import exact_match
@@ -74,11 +75,10 @@ def _slots(demos: list[Demo], tokenizer: PreTrainedTokenizerBase, max_len: int) 
 
 def _copied(generator: Generator, slots: list[Slot], batch: int, label: str) -> list[float]:
     tokenizer = generator.tokenizer
+    params = SamplingParams(max_new_tokens=32, greedy=True, stop=tuple(_CLOSE.values()))
     scores: list[float] = []
     for start in tqdm(range(0, len(slots), batch), desc=label, unit="batch"):
         part = slots[start:start + batch]
-        params = SamplingParams(max_new_tokens=32, greedy=True,
-                                stop=tuple(sorted(set(_CLOSE.values()))))
         outs = generator.generate([s.context for s in part], params)
         generator.release()
         for slot, out in zip(part, outs, strict=True):
@@ -143,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
              f"`{' '.join([args.config, *args.overrides])}`", "", head,
              "|" + "---|" * (3 + 2 * len(labels) - 1)]
     for (qtype, kind), idx in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", kv[0])):
-        cells = [f"{bootstrap_mean_ci([results[lb][i] for i in idx]).mean:.3f}"
-                 for lb in labels]
+        cells = [f"{fmean(results[lb][i] for i in idx):.3f}" for lb in labels]
         for other in labels[1:]:
             d = paired_bootstrap_delta([results[other][i] for i in idx],
                                        [results[labels[0]][i] for i in idx])

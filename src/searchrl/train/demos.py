@@ -66,7 +66,7 @@ class Demo:
     hops: int
     answer: str
     segments: tuple[tuple[str, bool], ...]  # (text, trainable)
-    qtype: str = "unknown"  # the question's type (the replay can balance over it)
+    qtype: str = "unknown"  # the question's type (per-type tables, e.g. the copy benchmark)
 
     @property
     def text(self) -> str:
