@@ -23,6 +23,12 @@ class QAExample(BaseModel):
     hops: int | None = None
     type: str | None = None
     supporting_doc_ids: tuple[str, ...] = ()
+    # The gold search queries, hop by hop (empty: the supporting passages' titles), for worlds
+    # where a hop is searched by an alias or a namesake's disambiguated title.
+    search_queries: tuple[str, ...] = ()
+    # Named slices the question belongs to (`searchrl.data.reading_world.SLICE_CARD` says what
+    # each tests): unseen_phrasing, answer_novel, alias, namesake, cross_passage, comparison.
+    slices: tuple[str, ...] = ()
 
     @field_validator("question")
     @classmethod
