@@ -864,7 +864,9 @@ class GateConfig(_Section):
     small_model_price_per_1k_tokens: float = 0.0002
     frontier_tokens_per_query: float = 1500
     frontier_price_per_1k_tokens: float = 0.01
-    # A baseline name from eval.baselines, or "best": the strongest evaluated baseline by EM.
+    # A baseline name from eval.baselines, or "best": the stronger by EM of the evaluated
+    # learned systems without RL (sft, rejection_sampling); never a fixed program or prompt
+    # format (scripted, no_search, retrieve_once) or the champion unless named here.
     comparison_baseline: str = "best"
     # Without eval.frontier the accuracy condition can only be measured against a stand-in
     # (comparison_baseline); it passes only when this allows it (labelled so in the report).
@@ -880,6 +882,9 @@ class GateConfig(_Section):
     slice_regression: Literal["warn", "fail"] = "warn"
     # Smaller slices are reported but never flagged: a handful of questions is noise.
     slice_min_questions: int = Field(5, ge=1)
+    # A slice (hop count, type or named slice) is shown as a win only on at least this many
+    # questions with its paired interval above 0; fewer: "too few to claim", never a win.
+    slice_claim_min_questions: int = Field(30, ge=1)
     registry_alias: str = "champion"
     payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
     # Trainer metrics plotted as the training curve (a key matches `m`, `*/m` or `*.m`).

@@ -1,5 +1,8 @@
-"""A deterministic synthetic multi-hop world: fictional entities whose facts exist only in the
-corpus, so a policy that does not search cannot beat chance.
+"""The `classic` synthetic world (kept for regression; the default is the `reading` world of
+data/reading_world.py): fictional entities whose facts exist only in the corpus, so a policy
+that does not search cannot beat chance. One question phrasing and one passage sentence per
+relation: a fixed regex script scores EM 1.000 on it (issue 33), so it cannot show that a
+policy learned to read or search.
 
 Entities: people, cities, countries, organisations. Relations: person born_in city,
 city located_in country, country capital city, organisation founded_by person,
@@ -8,8 +11,9 @@ person and organisation also gets a distractor: a near-namesake with different f
 
 Questions chain 1-3 relations. Splits are made by *anchor entity* (the person or
 organisation a question starts from, founders follow their organisation), so the facts a
-test question needs never appear in a train question: no question overlap and no
-memorisable shortcut across splits.
+test question starts from never appear in a train question. Answers do repeat across splits
+(141 of the demo world's 150 test answers are also train answers: a city is many people's
+birth city), so recalling frequent answers is a shortcut this world does not rule out.
 """
 
 from __future__ import annotations
@@ -214,7 +218,12 @@ def _make_splits(world: World, cfg: SyntheticWorldConfig, rng: random.Random) ->
 
 
 def generate_world(cfg: SyntheticWorldConfig) -> World:
-    """Build the world, its corpus and its splits; the same config always gives the same output."""
+    """Build the world of `cfg.profile` (`reading`: data/reading_world.py), its corpus and its
+    splits; the same config always gives the same output."""
+    if cfg.profile == "reading":
+        from searchrl.data.reading_world import generate_reading_world  # it imports this module
+
+        return generate_reading_world(cfg)
     rng = random.Random(cfg.seed)
     world = _build_entities(cfg, rng)
     _render_passages(world, cfg, rng)

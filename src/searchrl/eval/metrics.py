@@ -1,6 +1,6 @@
 """Pure evaluation arithmetic: per-question results -> means with bootstrap intervals,
-breakdowns by hop count / question type / searched-or-not / retrieval confidence, and paired
-deltas between systems.
+breakdowns by hop count / question type / named slice / searched-or-not / retrieval
+confidence, and paired deltas between systems.
 
 Nothing here runs a model. An empty group gives NaN means and a zero count (never an
 exception), so a downstream gate that checks `math.isfinite` fails closed on it.
@@ -26,7 +26,9 @@ class QuestionResult:
     whether any supporting passage was among the retrieved ids (None when the question has no
     supporting ids); `confidence` is the geometric-mean probability of the final generated turn;
     `top_score` is the retriever's score of the best hit of the first retrieval (None when
-    nothing was retrieved).
+    nothing was retrieved); `slices` are the named slices the question belongs to (the
+    QAExample's: unseen_phrasing, answer_novel, alias, namesake, cross_passage, comparison;
+    several or none).
     """
 
     example_id: str
@@ -46,6 +48,7 @@ class QuestionResult:
     confidence: float | None = None
     search_errors: int = 0
     top_score: float | None = None
+    slices: tuple[str, ...] = ()
 
     @property
     def searched(self) -> bool:
@@ -56,7 +59,8 @@ class QuestionResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuestionResult:
-        return cls(**data)
+        # JSON gives a list; files written before slices were recorded have none.
+        return cls(**{**data, "slices": tuple(data.get("slices") or ())})
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,19 @@ def breakdown(results: Sequence[QuestionResult], key: Callable[[QuestionResult],
     groups: dict[str, list[QuestionResult]] = {}
     for r in results:
         groups.setdefault(key(r), []).append(r)
+    return {k: summarize(groups[k], samples=samples, level=level, seed=seed)
+            for k in sorted(groups)}
+
+
+def by_slices(results: Sequence[QuestionResult], *, samples: int = 1000, level: float = 0.95,
+              seed: int = 0) -> dict[str, Summary]:
+    """`summarize` per named slice, slices in sorted order. A question counts in each of its
+    slices (they overlap, so the groups do not partition the results); one in none is in no
+    group."""
+    groups: dict[str, list[QuestionResult]] = {}
+    for r in results:
+        for name in dict.fromkeys(r.slices):
+            groups.setdefault(name, []).append(r)
     return {k: summarize(groups[k], samples=samples, level=level, seed=seed)
             for k in sorted(groups)}
 

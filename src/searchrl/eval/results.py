@@ -4,8 +4,9 @@ of `results.json` and of the per-question files."""
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ class SystemResult:
     by_confidence: dict[str, Summary] = field(default_factory=dict)
     # Why the system did not answer every question (its request budget ran out); None: did.
     incomplete: str | None = None
+    # Per named slice (QAExample.slices; overlapping: a question counts in each of its own).
+    by_slice: dict[str, Summary] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class EvalResult:
     confidence_cuts: tuple[float, float] | None = None
     # Which checkpoint of the training run `trained` is (`policy_selection`), for the report.
     policy_selection: dict[str, Any] = field(default_factory=dict)
+    # The world card: what each named slice of these questions tests (slice -> description),
+    # as the world that made them says (`known_slice_card`); {}: none recorded.
+    slice_card: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +128,7 @@ class EvalResult:
                             "by_searched": {k: v.to_dict() for k, v in s.by_searched.items()},
                             "by_confidence": {k: v.to_dict()
                                               for k, v in s.by_confidence.items()},
+                            "by_slice": {k: v.to_dict() for k, v in s.by_slice.items()},
                             "questions_path": s.questions_path,
                             "trajectories_path": s.trajectories_path, "seconds": s.seconds,
                             "incomplete": s.incomplete}
@@ -134,6 +141,7 @@ class EvalResult:
             "train_audit": self.train_audit.to_dict() if self.train_audit else None,
             "confidence_cuts": list(self.confidence_cuts) if self.confidence_cuts else None,
             "policy_selection": dict(self.policy_selection),
+            "slice_card": dict(self.slice_card),
         }
 
     @classmethod
@@ -149,7 +157,8 @@ class EvalResult:
                 by_confidence={k: summary_from_dict(v)
                                for k, v in s.get("by_confidence", {}).items()},
                 questions_path=s["questions_path"], trajectories_path=s["trajectories_path"],
-                seconds=float(s["seconds"]), incomplete=s.get("incomplete"))
+                seconds=float(s["seconds"]), incomplete=s.get("incomplete"),
+                by_slice={k: summary_from_dict(v) for k, v in s.get("by_slice", {}).items()})
         return cls(eval_set=d["eval_set"], n_questions=int(d["n_questions"]), systems=systems,
                    deltas={k: _interval_from(v) for k, v in d["deltas"].items()},
                    suspects_path=d["suspects_path"], n_suspects=int(d["n_suspects"]),
@@ -162,13 +171,29 @@ class EvalResult:
                    confidence_cuts=((float(d["confidence_cuts"][0]),
                                      float(d["confidence_cuts"][1]))
                                     if d.get("confidence_cuts") else None),
-                   policy_selection=dict(d.get("policy_selection") or {}))
+                   policy_selection=dict(d.get("policy_selection") or {}),
+                   slice_card={str(k): str(v)
+                               for k, v in (d.get("slice_card") or {}).items()})
 
     def set_result(self, name: str, results_path: str) -> SetResult:
         """This (one extra set's) evaluation reduced to what the main results.json keeps."""
         return SetResult(name=name, n_questions=self.n_questions,
                          systems={n: s.summary for n, s in self.systems.items()},
                          deltas=dict(self.deltas), results_path=results_path)
+
+
+def known_slice_card(names: Iterable[str]) -> dict[str, str]:
+    """What each of `names` tests, from the world module's `SLICE_CARD`
+    (`searchrl.data.reading_world`); names it does not describe, or every name when that
+    module or its card is missing, are left out (the report says "not described")."""
+    try:  # by name: optional (a world without named slices has no card)
+        reading_world = importlib.import_module("searchrl.data.reading_world")
+    except ImportError:
+        return {}
+    card = getattr(reading_world, "SLICE_CARD", None)
+    if not isinstance(card, Mapping):
+        return {}
+    return {n: str(card[n]) for n in names if n in card}
 
 
 def load_eval_result(path: str | Path) -> EvalResult:

@@ -52,6 +52,7 @@ from searchrl.eval.metrics import (
     by_confidence,
     by_hops,
     by_searched,
+    by_slices,
     by_type,
     paired_bootstrap_delta,
     summarize,
@@ -63,6 +64,7 @@ from searchrl.eval.results import (
     EvalResult,
     SetResult,
     SystemResult,
+    known_slice_card,
 )
 from searchrl.generation.factory import make_generator
 from searchrl.generation.openai_compat import (
@@ -95,7 +97,7 @@ def to_question_result(rec: RolloutRecord, ex: QAExample, latency_s: float) -> Q
         got = set(retrieved_ids(rec))
         support = any(d in got for d in ex.supporting_doc_ids)
     return QuestionResult(
-        example_id=ex.id, hops=ex.hops, qtype=ex.type,
+        example_id=ex.id, hops=ex.hops, qtype=ex.type, slices=tuple(ex.slices),
         em=exact_match(answer, ex.golden_answers) if answer is not None else 0.0,
         f1=f1(answer, ex.golden_answers) if answer is not None else 0.0,
         searches=0 if rec.mode == "retrieve_once" else len(rec.queries),
@@ -241,6 +243,7 @@ def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpe
             by_type=breakdown(run.results, by_type, samples=samples, level=level, seed=seed),
             by_searched=breakdown(run.results, by_searched, samples=samples, level=level,
                                   seed=seed),
+            by_slice=by_slices(run.results, samples=samples, level=level, seed=seed),
             questions_path=str(qpath), trajectories_path=str(tpath), seconds=run.seconds,
             incomplete=run.incomplete)
         if spec.mode == "agentic" and not run.metered:
@@ -273,7 +276,9 @@ def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpe
     return EvalResult(eval_set=eval_set, n_questions=len(examples), systems=runs,
                       deltas=deltas, suspects_path=str(spath), n_suspects=len(suspects),
                       notes=(*notes, *incomplete), level=cfg.confidence_level, audit=audit,
-                      confidence_cuts=cuts)
+                      confidence_cuts=cuts,
+                      slice_card=known_slice_card(sorted({s for ex in examples
+                                                          for s in ex.slices})))
 
 
 # --- the stage entry

@@ -98,6 +98,18 @@ def _chain_titles(ex: QAExample, passages: Mapping[str, Passage]) -> list[str] |
     return titles or None
 
 
+def chain_queries(ex: QAExample, passages: Mapping[str, Passage]) -> list[str] | None:
+    """The gold query of each hop: the example's `search_queries` when it has them (an alias,
+    a namesake's profession and name), else each supporting passage's title; None when the
+    chain cannot be rendered."""
+    titles = _chain_titles(ex, passages)
+    if titles is None:
+        return None
+    if ex.search_queries:
+        return list(ex.search_queries) if len(ex.search_queries) == len(titles) else None
+    return titles
+
+
 def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
                 searcher: Searcher, *, prompt_fn: PromptFn, info_fn: InfoFn = default_information,
                 top_k: int = 1, imperfect_fraction: float = 0.2, n_demos: int | None = None,
@@ -126,9 +138,9 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
     kinds, kind_weights = list(weights), list(weights.values())
     rng = random.Random(seed)
     stats = DemoStats()
-    usable: list[tuple[QAExample, list[str]]] = []
+    usable: list[tuple[QAExample, list[str]]] = []  # (example, its hops' queries)
     for ex in examples:
-        titles = _chain_titles(ex, passages)
+        titles = chain_queries(ex, passages)
         if titles is None:
             stats.skipped_no_chain += 1
         else:
@@ -145,7 +157,6 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
         question_hits = dict(zip(questions, searcher.search_batch(questions, top_k),
                                  strict=True))
     all_titles = sorted({p.title for p in passages.values() if p.title})
-    doc_of_title = {passages[d].title: d for ex, _ in usable for d in ex.supporting_doc_ids}
     target = n_demos if n_demos is not None else len(usable)
     order = list(range(len(usable)))
     demos: list[Demo] = []
@@ -158,7 +169,8 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
         ex, titles = usable[order[cursor % len(order)]]
         cursor += 1
         qtype = ex.type or "unknown"
-        if any(doc_of_title[t] not in {h.doc_id for h in hits[t]} for t in titles):
+        if any(doc not in {h.doc_id for h in hits[q]}
+               for q, doc in zip(titles, ex.supporting_doc_ids, strict=True)):
             stats.skipped_gold_not_retrieved += 1
             _count(stats.not_retrieved_by_type, qtype)
             continue
@@ -173,7 +185,8 @@ def build_demos(examples: Sequence[QAExample], passages: Mapping[str, Passage],
             continue
         if rng.random() < imperfect_fraction:
             kind = rng.choices(kinds, kind_weights)[0]  # type: ignore[assignment]
-        demo = _render(ex, titles, hits, kind, rng, prompt_fn, info_fn, all_titles, eos)
+        demo = _render(ex, titles, hits, kind, rng, prompt_fn, info_fn, all_titles, eos,
+                       [passages[d].title or "" for d in ex.supporting_doc_ids])
         demos.append(demo)
         stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
     stats.built = len(demos)
@@ -197,15 +210,17 @@ def corpus_documents(passages: Sequence[Passage], info_fn: InfoFn = default_info
 
 def _render(ex: QAExample, titles: list[str], hits: Mapping[str, list[SearchHit]],
             kind: DemoKind, rng: random.Random, prompt_fn: PromptFn, info_fn: InfoFn,
-            all_titles: list[str], eos: str) -> Demo:
+            all_titles: list[str], eos: str, doc_titles: list[str]) -> Demo:
+    """`titles` are the hops' queries, `doc_titles` their passages' titles (the entities an
+    imperfect demonstration answers with)."""
     n_search = len(titles)
     answer = ex.golden_answers[0]
     if kind == "skipped_search":
         n_search = rng.randrange(len(titles))  # 0 .. hops-1 searches
-        answer = titles[n_search] if n_search > 0 else rng.choice(all_titles)
+        answer = doc_titles[n_search] if n_search > 0 else rng.choice(all_titles)
     elif kind == "wrong_hop":
         # An entity the chain passed through instead of the final one.
-        answer = rng.choice(titles[1:]) if len(titles) > 1 else titles[0]
+        answer = rng.choice(doc_titles[1:]) if len(doc_titles) > 1 else doc_titles[0]
     while kind != "gold" and answer in ex.golden_answers:
         # The chain can pass through the answer itself (a capital is also a birth city).
         answer = rng.choice(all_titles)
