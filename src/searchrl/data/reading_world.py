@@ -4,8 +4,8 @@ that answering takes reading and searching, not one regular expression per relat
 What makes it harder than the `classic` world (data/synthetic.py), each a named slice a
 question is tagged with (`QAExample.slices`; `SLICE_CARD` says what each tests):
 
-- phrasings: every question type has 5 question forms; the train split uses forms 0-1 only,
-  dev and test all five, so about 3 in 5 held-out questions are in a phrasing no training
+- phrasings: every question type has 6 question forms; the train split uses forms 0-1 only,
+  dev and test all six, so about 2 in 3 held-out questions are in a phrasing no training
   question (of this world or the cold start's extra worlds) ever used (`unseen_phrasing`).
   Every fact is written in one of 3 sentence forms, drawn per passage.
 - aliases: some organisations and people have a short name their passage introduces; some
@@ -45,12 +45,12 @@ from searchrl.data.synthetic import (
 from searchrl.types import Passage, QAExample
 
 TRAIN_FORMS = (0, 1)  # question forms the train split (and every cold-start world) uses
-N_FORMS = 5
+N_FORMS = 6
 NOVEL_SHARE = 0.35  # held-out questions whose answer is no train answer, at least (if any)
 
 SLICE_CARD: dict[str, str] = {
-    "unseen_phrasing": "question worded in a form no training question used (forms 2-4 of "
-                       "5): reading the question, not matching a template",
+    "unseen_phrasing": "question worded in a form no training question used (forms 2-5 of "
+                       "6): reading the question, not matching a template",
     "answer_novel": "the answer is no train question's answer: copying a name from what was "
                     "read, not recalling a trained answer",
     "alias": "the question or a passage names an entity by the short name its own passage "
@@ -76,69 +76,77 @@ READING_TYPES = (
 QUESTION_FORMS: dict[str, tuple[str, ...]] = {
     "person_birth_city": (
         "In which city was {X} born?", "Where was {X} born?", "What is the hometown of {X}?",
-        "{X} is a native of which city?", "Name the birthplace of {X}."),
+        "{X} is a native of which city?", "Name the birthplace of {X}.",
+        "Tell me where {X} first saw daylight."),
     "person_birth_year": (
         "In which year was {X} born?", "When was {X} born?",
         "What is the year of birth of {X}?", "{X} came into the world in what year?",
-        "Give the birth year of {X}."),
+        "Give the birth year of {X}.", "Tell me the year {X} arrived."),
     "city_country": (
         "Which country is {X} located in?", "In which country is {X}?",
         "{X} lies in which country?", "Name the country that contains {X}.",
-        "Of which nation is {X} a town?"),
+        "Of which nation is {X} a town?", "Tell me the nation around {X}."),
     "country_capital": (
         "What is the capital of {X}?", "Which city is the capital of {X}?",
         "From which city is {X} governed?", "Name the seat of government of {X}.",
-        "{X} is run from which city?"),
+        "{X} is run from which city?", "Tell me the city that rules {X}."),
     "org_founder": (
         "Who founded {X}?", "Who is the founder of {X}?", "Who established {X}?",
-        "{X} was set up by whom?", "Name the person behind the creation of {X}."),
+        "{X} was set up by whom?", "Name the person behind the creation of {X}.",
+        "Tell me who started {X}."),
     "org_hq_city": (
         "In which city is {X} headquartered?", "Where is {X} headquartered?",
         "In which city is the head office of {X}?", "{X} is based in which city?",
-        "Name the city that hosts {X}."),
+        "Name the city that hosts {X}.", "Tell me the home city of {X}."),
     "org_founded_year": (
         "In which year was {X} founded?", "When was {X} founded?",
         "In what year was {X} established?", "{X} dates from which year?",
-        "Give the founding year of {X}."),
+        "Give the founding year of {X}.", "Tell me the year {X} started."),
     "person_birth_country": (
         "In which country was {X} born?", "Which country was {X} born in?",
         "What is the home country of {X}?", "{X} is a native of which nation?",
-        "Name the country of birth of {X}."),
+        "Name the country of birth of {X}.", "Tell me the nation {X} arrived in."),
     "org_hq_country": (
         "In which country is {X} headquartered?", "Which country is {X} headquartered in?",
         "In which country is the head office of {X}?", "{X} is based in which nation?",
-        "Name the country that hosts {X}."),
+        "Name the country that hosts {X}.", "Tell me the home nation of {X}."),
     "org_founder_birth_city": (
         "In which city was the founder of {X} born?", "Where was the founder of {X} born?",
         "What is the hometown of the person who established {X}?",
         "The person who set up {X} is a native of which city?",
-        "Name the birthplace of whoever created {X}."),
+        "Name the birthplace of whoever created {X}.",
+        "Tell me where the one who started {X} first saw daylight."),
     "org_founder_birth_year": (
         "In which year was the founder of {X} born?", "When was the founder of {X} born?",
         "What is the year of birth of the person who established {X}?",
         "The person who set up {X} came into the world in what year?",
-        "Give the birth year of whoever created {X}."),
+        "Give the birth year of whoever created {X}.",
+        "Tell me the year the one who started {X} arrived."),
     "org_founder_birth_country": (
         "In which country was the founder of {X} born?",
         "Which country was the founder of {X} born in?",
         "What is the home country of the person who established {X}?",
         "The person who set up {X} is a native of which nation?",
-        "Name the country of birth of whoever created {X}."),
+        "Name the country of birth of whoever created {X}.",
+        "Tell me the nation the one who started {X} arrived in."),
     "person_birth_country_capital": (
         "What is the capital of the country where {X} was born?",
         "Which city is the capital of the country {X} was born in?",
         "From which city is the home country of {X} governed?",
         "Name the seat of government of the country of birth of {X}.",
-        "The nation {X} is a native of is run from which city?"),
+        "The nation {X} is a native of is run from which city?",
+        "Tell me the city that rules the nation {X} arrived in."),
     "compare_org_founded": (
         "Which was founded earlier, {A} or {B}?", "Which is older, {A} or {B}?",
         "Which was established first: {A} or {B}?",
         "Of {A} and {B}, which dates from an earlier year?",
-        "Name the older organisation: {A} or {B}."),
+        "Name the older organisation: {A} or {B}.",
+        "Tell me which started sooner, {A} or {B}."),
     "compare_person_born": (
         "Who was born earlier, {A} or {B}?", "Who is older, {A} or {B}?",
         "Whose year of birth comes first: {A} or {B}?",
-        "Of {A} and {B}, who came into the world first?", "Name the elder: {A} or {B}."),
+        "Of {A} and {B}, who came into the world first?", "Name the elder: {A} or {B}.",
+        "Tell me who arrived sooner, {A} or {B}."),
 }
 
 # Passage sentence forms, 3 per fact; {S} the subject as the passage names it.

@@ -10,6 +10,8 @@ All systems run the same rollout loop on the same eval questions and retriever:
     base_agentic   the base model before any training (tiny default: a fresh random init
                    with the same tokenizer; pretrained: `model.name_or_path`), agentic loop
     champion       the policy the model registry's champion alias points at, agentic loop
+    scripted       no policy: the fixed program of eval/scripted.py (question templates from
+                   the train split, regular expressions, retriever calls; no learning)
     frontier       the frontier model behind an OpenAI-compatible endpoint (`eval.frontier`),
                    agentic loop; evaluated first, so a dead endpoint fails before hours of
                    local evaluation
@@ -30,8 +32,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from searchrl.config import PipelineConfig
 from searchrl.models.tiny import build_tiny_model
 
-Mode = Literal["agentic", "no_search", "retrieve_once"]
+Mode = Literal["agentic", "no_search", "retrieve_once", "scripted"]
 TRAINED = "trained"
+SCRIPTED = "scripted"
 FRONTIER = "frontier"
 CHAMPION = "champion"  # the registry's champion, evaluated as a baseline
 _FRONTIER_PREFIX = "frontier:"
@@ -82,6 +85,11 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
                 continue
             specs.append(SystemSpec(name, champion_dir, "agentic",
                                     "registry champion, agentic loop"))
+        elif name == SCRIPTED:
+            # Its policy is the train split it reads templates from (set by the stage).
+            specs.append(SystemSpec(name, "", "scripted",
+                                    "fixed program: train-split question templates, regular "
+                                    "expressions, retriever calls; no learning"))
         elif name == "base_agentic":
             if config.model.kind == "pretrained":
                 assert config.model.name_or_path is not None
@@ -91,7 +99,8 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
             specs.append(SystemSpec(name, source, "agentic", "untrained base model, agentic loop"))
         else:
             raise ValueError(f"eval.baselines: unknown baseline {name!r}; valid: sft, "
-                             "no_search, retrieve_once, base_agentic, champion")
+                             "no_search, retrieve_once, base_agentic, champion, scripted, "
+                             "rejection_sampling")
     specs.append(SystemSpec(TRAINED, policy_dir, "agentic", "GRPO-trained policy, agentic loop"))
     return specs, notes
 

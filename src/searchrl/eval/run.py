@@ -66,6 +66,7 @@ from searchrl.eval.results import (
     SystemResult,
     known_slice_card,
 )
+from searchrl.eval.scripted import ScriptedSystem
 from searchrl.generation.factory import make_generator
 from searchrl.generation.openai_compat import (
     MeteredEndpoint,
@@ -131,6 +132,9 @@ def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searc
     incomplete (the questions answered before it are kept). Other endpoint errors raise:
     an outage must not be cached as a result.
     """
+    if spec.mode == "scripted":
+        raise ValueError("the scripted system has no policy to roll out: _run_scripted runs it")
+    mode = spec.mode
     generator = make_generator(config, **system_policy(spec, config))
     meter = generator if isinstance(generator, MeteredEndpoint) else None
     out = _SystemRun(metered=meter is not None)
@@ -141,7 +145,7 @@ def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searc
             t0 = time.perf_counter()
             batch = run_rollouts(chunk, generator, searcher, config.rollout, config.reward,
                                  group_size=1, greedy=True, seed=config.run.seed,
-                                 mode=spec.mode)
+                                 mode=mode)
             per_question = (time.perf_counter() - t0) / len(chunk)
             usage = _usage_by_record(meter.take_usage(), len(batch.records)) if meter else {}
             out.seconds += per_question * len(chunk)
@@ -163,6 +167,37 @@ def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searc
         if meter is not None:
             meter.close()
     return out
+
+
+def _run_scripted(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searcher,
+                  progress: Callable[[str, int, int], None] | None
+                  ) -> tuple[_SystemRun, list[dict[str, Any]]]:
+    """The scripted system on `examples`: templates from the train split at `spec.policy`,
+    one QuestionResult per question scored by the same metrics, and its trajectory rows."""
+    scripted = ScriptedSystem(read_qa(spec.policy), searcher)
+    out = _SystemRun()
+    rows: list[dict[str, Any]] = []
+    for i, ex in enumerate(examples, 1):
+        got = scripted.answer(ex.question)
+        answer = got.answer
+        out.seconds += got.latency_s
+        out.results.append(QuestionResult(
+            example_id=ex.id, hops=ex.hops, qtype=ex.type, slices=ex.slices,
+            em=exact_match(answer, ex.golden_answers) if answer else 0.0,
+            f1=f1(answer, ex.golden_answers) if answer else 0.0,
+            searches=len(got.queries), format_ok=True, prompt_tokens=0, response_tokens=0,
+            latency_s=got.latency_s, answered=bool(answer), finish_reason="scripted",
+            answer=answer,
+            retrieved_support=(any(d in set(got.retrieved_doc_ids)
+                                   for d in ex.supporting_doc_ids)
+                               if ex.supporting_doc_ids else None),
+            confidence=None, search_errors=0, top_score=got.top_score))
+        rows.append({"example_id": ex.id, "mode": "scripted", "answer": answer,
+                     "correct": bool(out.results[-1].em), "queries": got.queries,
+                     "retrieved_doc_ids": got.retrieved_doc_ids, "qtype_read": got.qtype})
+        if progress is not None and (i % 50 == 0 or i == len(examples)):
+            progress(spec.name, i, len(examples))
+    return out, rows
 
 
 def _usage_by_record(usage: Mapping[str, TokenUsage], n: int) -> dict[int, TokenUsage]:
@@ -229,13 +264,17 @@ def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpe
     audited: list[str] = []  # agentic systems with token log-probs (the audit's confidence)
     incomplete: list[str] = []
     for spec in systems:
-        run = _run_system(spec, examples, searcher, config, progress)
+        if spec.mode == "scripted":
+            run, trajectories = _run_scripted(spec, examples, searcher, progress)
+        else:
+            run = _run_system(spec, examples, searcher, config, progress)
+            trajectories = [_trajectory_row(r) for r in run.records]
         if run.incomplete is not None:
             incomplete.append(f"{spec.name} is INCOMPLETE: {run.incomplete}")
         qpath = out_dir / f"questions_{spec.name}.jsonl"
         tpath = out_dir / f"trajectories_{spec.name}.jsonl"
         write_jsonl(qpath, [r.to_dict() for r in run.results])
-        write_jsonl(tpath, [_trajectory_row(r) for r in run.records])
+        write_jsonl(tpath, trajectories)
         per_question[spec.name] = run.results
         runs[spec.name] = SystemResult(
             spec=spec, summary=summarize(run.results, samples=samples, level=level, seed=seed),
@@ -353,6 +392,9 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
         champion_dir = str(got) if got is not None else None
     systems, notes = plan_systems(config.eval.baselines, policy_dir=policy_dir,
                                   sft_dir=sft_dir, champion_dir=champion_dir, config=config)
+    if train_path is None:
+        train_path = Path(eval_path).with_name("train.jsonl")
+    systems, notes = _with_train_split(systems, notes, train_path)
     searcher = (searchers or SearcherProvider(config.index)).searcher(index_dir)
     main = _evaluate_systems(examples, systems, searcher, config, out_dir,
                              eval_set=f"{config.eval.split}:{Path(eval_path).name}",
@@ -374,8 +416,6 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
                        eval_set=f"{name}:{Path(qa_path).name}", progress=progress,
                        audit_split=extra_eval_split(name))
         sets[name] = one.set_result(name, str(set_dir / RESULTS_FILE))
-    if train_path is None:
-        train_path = Path(eval_path).with_name("train.jsonl")
     train_audit = audit_train_split(config, train_path, sft_dir or policy_dir, searcher,
                                     out_dir, system="sft" if sft_dir else TRAINED,
                                     progress=progress)
@@ -384,6 +424,22 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
                                  policy_selection=dict(selection or {}))
     write_results(result, out_dir)
     return result
+
+
+def _with_train_split(systems: Sequence[SystemSpec], notes: Sequence[str],
+                      train_path: str | Path) -> tuple[list[SystemSpec], list[str]]:
+    """The scripted system reads its templates from the validated train split; without one
+    it is skipped with a note."""
+    out: list[SystemSpec] = []
+    more = list(notes)
+    for spec in systems:
+        if spec.mode != "scripted":
+            out.append(spec)
+        elif Path(train_path).is_file():
+            out.append(dataclasses.replace(spec, policy=str(train_path)))
+        else:
+            more.append(f"baseline scripted skipped: no train split at {train_path}")
+    return out, more
 
 
 def policy_selection(checkpoint: CheckpointRef) -> dict[str, Any]:
