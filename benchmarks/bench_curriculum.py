@@ -24,6 +24,7 @@ from searchrl.config import PipelineConfig, load_config
 from searchrl.contracts.validate import validate_gold_labels
 from searchrl.curriculum.stage import run_curriculum
 from searchrl.data.io import read_passages, read_qa
+from searchrl.data.tuning import default_tuning_seed, require_tuning_world
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
 from searchrl.sinks import NullSink
 from searchrl.tracking import end_run, start_child_run, start_parent_run
@@ -71,10 +72,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_curriculum"))
+    parser.add_argument("--world-seed", type=int, default=None,
+                        help="a tuning world (data.synthetic.tuning_seeds; default: the first)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     out: Path = args.out.resolve()
-    base = load_config(args.config, [*args.overrides, f"run.work_dir={out / 'work'}"])
+    overrides = [*args.overrides, f"run.work_dir={out / 'work'}"]
+    world_seed = (default_tuning_seed(load_config(args.config, overrides))
+                  if args.world_seed is None else args.world_seed)
+    base = load_config(args.config, [*overrides, f"data.synthetic.seed={world_seed}"])
+    require_tuning_world(base)
     uri = f"sqlite:///{out / 'mlflow.db'}"
 
     # --- shared inputs: data, index, SFT start, difficulty

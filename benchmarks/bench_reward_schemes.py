@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from searchrl.config import load_config
+from searchrl.data.tuning import default_tuning_seed, require_tuning_world
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED, SFT = "trained", "sft"
 
@@ -126,8 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/tiny.yaml")
     parser.add_argument("--report-only", action="store_true",
                         help="tabulate the finished runs only; start none")
+    parser.add_argument("--world-seed", type=int, default=None,
+                        help="a tuning world (data.synthetic.tuning_seeds; default: the first)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    base = load_config(args.config, args.overrides)
+    world_seed = default_tuning_seed(base) if args.world_seed is None else args.world_seed
+    args.overrides = [*args.overrides, f"data.synthetic.seed={world_seed}"]
+    require_tuning_world(load_config(args.config, args.overrides))
     args.work.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[int, str], dict[str, Any]] = {}
     variants = [f"{scheme}_{kind}" for scheme in args.schemes for kind in args.kinds]

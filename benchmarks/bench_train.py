@@ -50,6 +50,7 @@ import torch
 
 from searchrl.config import load_config
 from searchrl.data.synthetic import generate_world
+from searchrl.data.tuning import default_tuning_seed, require_tuning_world
 from searchrl.eval.metrics import paired_bootstrap_delta
 from searchrl.generation.factory import make_generator
 from searchrl.retrieval.bm25 import BM25Index
@@ -98,10 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                              "retrieve_once) vs the GRPO policy")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     parser.add_argument("--no-mlflow", action="store_true", help="log to no sink")
+    parser.add_argument("--world-seed", type=int, default=None,
+                        help="a tuning world (data.synthetic.tuning_seeds; default: the first)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    config = load_config(args.config, [f"train.steps={args.steps}", "train.resume=false",
-                                       *args.overrides])
+    overrides = [f"train.steps={args.steps}", "train.resume=false", *args.overrides]
+    world_seed = (default_tuning_seed(load_config(args.config, overrides))
+                  if args.world_seed is None else args.world_seed)
+    config = load_config(args.config, [*overrides, f"data.synthetic.seed={world_seed}"])
+    require_tuning_world(config)
     world = generate_world(config.data.synthetic)
     searcher = LocalSearcher(world.passages, config.index.model_copy(update={"retriever": "bm25"}),
                              bm25=BM25Index.build([p.contents for p in world.passages]))
