@@ -42,7 +42,8 @@ def test_a_stand_in_may_not_pass_by_default(tmp_path: Path) -> None:
     assert detail.startswith("FAIL") and "measured against a stand-in (sft)" in detail
     assert "gate.allow_stand_in_comparator=false" in detail
     md, page = render_markdown(report), render_html(report)
-    assert "**Comparator: sft, a stand-in, NOT the frontier system" in md
+    assert ("**Comparator: best SFT-family system without RL: sft (the stronger by EM of sft "
+            "0.300), a stand-in, NOT the frontier system") in md
     assert "may not pass" in md and 'id="comparator"' in page
     assert "frontier tokens / query (assumed" in md
 

@@ -75,12 +75,33 @@ def _train(seconds: float | None) -> list[StageCost]:
             StageCost("evaluation", 0.0, 1)]
 
 
-def test_best_baseline_is_the_strongest(tmp_path: Path) -> None:
-    ev = _eval(tmp_path, {"no_search": 0.1, "retrieve_once": 0.4, "sft": 0.3, TRAINED: 0.6})
-    assert choose_baseline(ev, "best")[0] == "retrieve_once"
-    assert choose_baseline(ev, "sft") == ("sft", [])
+def test_best_is_the_stronger_learned_system_without_rl(tmp_path: Path) -> None:
+    # retrieve_once and scripted are stronger, yet neither learns: "without RL" means the
+    # fine-tuned systems (sft, rejection_sampling), whichever of them is stronger.
+    ev = _eval(tmp_path, {"no_search": 0.1, "retrieve_once": 0.5, "scripted": 0.9,
+                          "sft": 0.3, "rejection_sampling": 0.4, TRAINED: 0.6})
+    name, notes = choose_baseline(ev, "best")
+    assert name == "rejection_sampling"
+    assert "the stronger by EM of sft 0.300, rejection_sampling 0.400" in notes[0]
+    ev = _eval(tmp_path, {"retrieve_once": 0.5, "sft": 0.45, "rejection_sampling": 0.4,
+                          TRAINED: 0.6})
+    assert choose_baseline(ev, "best")[0] == "sft"
+    assert choose_baseline(ev, "retrieve_once") == ("retrieve_once", [])  # named: as named
     name, notes = choose_baseline(ev, "champion")
     assert name == "champion" and "not evaluated" in notes[0]
+
+
+def test_best_without_an_sft_family_system_fails_closed_never_falls_back(
+        tmp_path: Path) -> None:
+    ev = _eval(tmp_path, {"no_search": 0.1, "retrieve_once": 0.2, "scripted": 0.3,
+                          TRAINED: 0.6})
+    name, notes = choose_baseline(ev, "best")
+    assert name == "best" and "no learned system without RL (sft, rejection_sampling)" in notes[0]
+    result, report = build_gate(_config(), ev, gold_pairs=500, stages=_train(3600.0),
+                                training_curve={})
+    assert not result.go and [c.name for c in result.failed] == ["accuracy"]
+    assert "comparator best not fully measured" in result.reasons[0]
+    assert report.comparison_baseline == "best" and "NOT evaluated" in report.comparator
 
 
 def test_best_never_picks_the_champion(tmp_path: Path) -> None:
@@ -141,7 +162,7 @@ def test_training_curve_and_row_count(tmp_path: Path) -> None:
 def test_stage_task_writes_report_without_tracking(tmp_path: Path) -> None:
     from tasks.gate import decide_go_no_go
 
-    ev = _eval(tmp_path, {"retrieve_once": 0.2, TRAINED: 0.6})
+    ev = _eval(tmp_path, {"sft": 0.2, "retrieve_once": 0.3, TRAINED: 0.6})
     results = tmp_path / RESULTS_FILE
     results.write_text(json.dumps(ev.to_dict()))
     train = tmp_path / "train.jsonl"
@@ -162,7 +183,7 @@ def test_stage_task_writes_report_without_tracking(tmp_path: Path) -> None:
     assert decision.figures["gold_pairs"] == 150.0
     assert math.isclose(decision.figures["em_trained"], 0.6)
     saved = json.loads((tmp_path / "work" / "decide_go_no_go" / "decision.json").read_text())
-    assert saved["label"] == "NO-GO" and saved["comparison_baseline"] == "retrieve_once"
+    assert saved["label"] == "NO-GO" and saved["comparison_baseline"] == "sft"
 
 
 # --- skipped steps: stated in the report; a run whose steps were all skipped is a NO-GO

@@ -57,7 +57,10 @@ def test_a_collapsed_type_is_a_regression_with_its_interval_below_zero() -> None
     assert rare.vs[0].delta.hi < 0.0  # below 0, yet unflagged
     assert slices["hops 2-hop"].regressions and not slices["hops 3-hop"].regressions
     assert report.figures() == {"slice_regressions": 2.0, "slices_at_zero": 4.0,
-                                "slices": 6.0}
+                                "slices": 6.0, "slice_wins": 2.0}
+    # The wins: 40/40 vs 10/40 on >= 30 (compute_slices' default claim) questions.
+    assert [f"{s.label} vs {d.against}" for s, d in report.wins] == [
+        "hops 1-hop vs sft", "type city_capital vs sft"]
 
 
 def test_warn_keeps_a_go_and_the_decision_box_names_the_zero_slice(tmp_path: Path) -> None:
@@ -68,12 +71,18 @@ def test_warn_keeps_a_go_and_the_decision_box_names_the_zero_slice(tmp_path: Pat
     assert "slices" not in {c.name for c in result.checks}
     md, page = render_markdown(report), render_html(report)
     for text in (md, page):
-        assert "slice scores 0: org_founder (0/10), rare (0/3)" in text
+        assert ("slice scores 0: 2-hop (0/10), 3-hop (0/3), org_founder (0/10), rare (0/3)"
+                in text)
         assert "warning only, gate.slice_regression=warn" in text
         assert "type org_founder vs sft -1.000 [-1.000, -1.000] (n=10)" in text
-        assert "REGRESSION vs sft" in text and "too few" in text
+        assert "REGRESSION vs sft" in text and "too few to claim (n &lt; 30)" in text.replace(
+            "(n < 30)", "(n &lt; 30)")
     assert 'id="slices-box"' in page and 'id="slices"' in page
-    assert "| type org_founder | 10 | 0.000 (0/10) | 1.000 |" in md
+    assert ("| type org_founder | 10 | 0.000 [0.000, 0.000] (0/10) | 1.000 | -1.000 [-1.000, "
+            "-1.000] (n=10) | too few to claim (n < 30), REGRESSION vs sft, ZERO |") in md
+    # city_capital: 40/40 vs 10/40 on >= 30 questions, the interval above 0: a claimable win.
+    assert "| type city_capital | 40 | 1.000 [1.000, 1.000] (40/40) | 0.250 |" in md
+    assert "(n=40) | win vs sft |" in md
 
 
 def test_fail_turns_the_go_into_a_no_go_naming_the_slice(tmp_path: Path) -> None:
@@ -134,7 +143,7 @@ def test_the_stage_writes_slices_to_decision_json_and_logs_counts(tmp_path: Path
     saved = json.loads((work / "decide_go_no_go" / "decision.json").read_text())
     slices = saved["slices"]
     assert slices["mode"] == "warn" and slices["against"] == ["sft"]
-    assert slices["regressions"] == ["type org_founder vs sft", "hops 2-hop vs sft"]
+    assert slices["regressions"] == ["hops 2-hop vs sft", "type org_founder vs sft"]
     founder = next(s for s in slices["slices"] if s["name"] == "org_founder")
     assert founder["zero"] and founder["vs"][0]["delta"]["hi"] < 0
     assert saved["figures"]["slice_regressions"] == 2.0

@@ -53,7 +53,8 @@ def _config() -> PipelineConfig:
 
 EXAMPLES = [QAExample(id=f"q{i}", question=f"Who founded Acme {i}?", golden_answers=("Bob",),
                       hops=1 + i % 2, type="org_founder",
-                      supporting_doc_ids=("d1",) if i % 2 else ("d9",)) for i in range(5)]
+                      supporting_doc_ids=("d1",) if i % 2 else ("d9",),
+                      slices=("alias",) + ("unseen_phrasing",) * (i < 2)) for i in range(5)]
 
 
 def test_evaluate_writes_complete_results(policy_dir: Path, tmp_path: Path) -> None:
@@ -78,6 +79,10 @@ def test_evaluate_writes_complete_results(policy_dir: Path, tmp_path: Path) -> N
     for s in result.systems.values():
         assert s.summary.n == 5 and set(s.by_hops) == {"1-hop", "2-hop"}
         assert read_manifest(s.questions_path) is not None
+        # Named slices overlap: each question counts in each of its own.
+        assert {k: v.n for k, v in s.by_slice.items()} == {"alias": 5, "unseen_phrasing": 2}
+    assert [r.slices for r in nos[:3]] == [("alias", "unseen_phrasing")] * 2 + [("alias",)]
+    assert set(result.slice_card) == {"alias", "unseen_phrasing"}  # the world's SLICE_CARD
     assert read_manifest(result.suspects_path) is not None
     loaded = load_eval_result(tmp_path / RESULTS_FILE)
     assert json.dumps(loaded.to_dict(), sort_keys=True) == json.dumps(result.to_dict(),

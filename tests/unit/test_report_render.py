@@ -118,6 +118,28 @@ def test_eval_sets_side_by_side_in_markdown_and_html() -> None:
     assert "| no_search | 0.100 (n=40) | 0.000 (n=10) | 0.050 |" in render_markdown(two)
 
 
+def test_the_decision_box_lists_every_system_and_says_a_warning_first() -> None:
+    r = dataclasses.replace(
+        _report(go=True), system_roles={"sft": "fine-tuned, no RL"}, not_evaluated=("frontier",),
+        scripted="WARNING: the scripted baseline <beats> the trained policy",
+        scripted_warning=True, provenance="How the recipe was chosen: CAVEAT: not sealed",
+        comparator="Comparator: sft")
+    head = render_markdown(r).split("\n## ")[0]
+    assert head.index("**WARNING: the scripted") < head.index("**Comparator: sft**")
+    assert head.index("**Comparator: sft**") < head.index("| system | what it is |")
+    assert "| no_search |  | 40 | 0.100 [" in head
+    assert "| sft | fine-tuned, no RL; THE COMPARATOR | 40 | 0.300 [" in head
+    assert "| trained |  | 40 | 0.700 [" in head and "|  | 1.50 | 1.00 |" in head
+    assert "| frontier |  |  | not evaluated (see the notes) |  |  |  |" in head
+    page = render_html(r, figures={})
+    assert '<p id="scripted" class="fail"><b>WARNING: the scripted baseline &lt;beats&gt;' in page
+    assert '<p id="provenance" class="fail">' in page
+    assert page.index('id="scripted"') < page.index('id="decision-systems"')
+    sealed = render_html(dataclasses.replace(r, sealed=True, scripted_warning=False),
+                         figures={})
+    assert '<p id="provenance"><b>' in sealed and '<p id="scripted"><b>' in sealed
+
+
 _PROBE = """<script>
 window.addEventListener('load', () => {
   const imgs = Array.from(document.querySelectorAll('img'));

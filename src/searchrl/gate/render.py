@@ -31,7 +31,7 @@ from searchrl.gate.payback import (
     StageCost,
     payback_curve,
 )
-from searchrl.gate.slices import SliceReport
+from searchrl.gate.slices import Slice, SliceReport
 from searchrl.plots import figure_png_base64, system_colors
 from searchrl.tables import html_table, markdown_table
 
@@ -85,9 +85,21 @@ class ReportInputs:
     confidence_cuts: tuple[float, float] | None = None
     train_suspects: list[dict[str, Any]] = field(default_factory=list)
     train_audit_questions: int = 0
-    # Per question type and hop count vs the comparator and champion (gate.slices); its
-    # zero-EM slices and regressions are also said in the decision box.
+    # Per hop count, question type and named slice vs the comparator and champion
+    # (gate.slices); its zero-EM slices and regressions are also said in the decision box.
     slices: SliceReport | None = None
+    # The decision box: what each system is (name -> role), the systems asked for but not
+    # evaluated, the trained policy against the scripted baseline (`scripted_warning`: the
+    # script matches or beats it, said first), and how the recipe was chosen (`sealed`: the
+    # world was read by no tuning; else the text is a caveat).
+    system_roles: dict[str, str] = field(default_factory=dict)
+    not_evaluated: tuple[str, ...] = ()
+    scripted: str = ""
+    scripted_warning: bool = False
+    provenance: str = ""
+    sealed: bool = False
+    # The world card: (named slice, questions in it, what it tests).
+    world_card: tuple[tuple[str, int, str], ...] = ()
 
 
 # --- formatting
@@ -118,6 +130,29 @@ def _system_rows(systems: dict[str, Summary]) -> list[list[str]]:
 
 SYSTEM_HEADER = ("system", "n", "EM [95% CI]", "F1", "searches/q", "format ok",
                  "support retrieved", "tokens/query", "latency ms/q")
+
+
+BOX_HEADER = ("system", "what it is", "n", "EM [95% CI]", "trained - it [95% CI]",
+              "searches/q", "format ok")
+
+
+def _box_rows(r: ReportInputs) -> list[list[str]]:
+    """The decision box's table: every evaluated system side by side in display order (EM
+    with its interval, the paired delta of the trained policy against it, searches per
+    question, format-ok rate), then those asked for but not evaluated."""
+    rows = []
+    for name, s in r.systems.items():
+        role = r.system_roles.get(name, "")
+        if name == r.comparison_baseline:
+            role = f"{role}; THE COMPARATOR" if role else "THE COMPARATOR"
+        delta = r.deltas.get(name)
+        rows.append([name, role, str(s.n), _ci(s.em),
+                     "" if name == r.trained_name else
+                     _signed_ci(delta) if delta is not None else "n/a",
+                     _num(s.searches_per_question, ".2f"), _num(s.format_rate, ".2f")])
+    rows += [[name, r.system_roles.get(name, ""), "", "not evaluated (see the notes)", "", "",
+              ""] for name in r.not_evaluated]
+    return rows
 
 
 def _group_rows(groups: dict[str, dict[str, Summary]]) -> list[list[str]]:
@@ -271,30 +306,45 @@ def _confidence_rows(r: ReportInputs) -> list[list[str]]:
             for system, groups in r.by_confidence.items() for b, s in groups.items()]
 
 
+def _slice_verdict(sl: Slice, claim: int) -> str:
+    """A slice under `claim` questions is "too few to claim" and never a win, whatever its
+    interval; a regression is marked on any slice it was flagged on."""
+    marks = [f"too few to claim (n < {claim})"] * sl.too_few_to_claim
+    marks += [f"win vs {d.against}" for d in sl.wins if not sl.too_few_to_claim]
+    marks += [f"REGRESSION vs {d.against}" for d in sl.regressions]
+    marks += ["ZERO"] * sl.zero
+    return ", ".join(marks) or "no significant difference"
+
+
 def _slice_table(r: ReportInputs) -> tuple[str, list[str], list[list[str]]]:
-    """(heading, header, rows): each slice's n, trained EM and, per compared system, its EM
-    and the paired delta; the mark says regression / zero / too few."""
+    """(heading, header, rows): each slice's n, trained EM with its interval and, per
+    compared system (the comparator first), its EM and the paired delta; the verdict says
+    win / regression / zero / too few to claim."""
     s = r.slices
     if s is None:
         return "Slices: not computed", ["slice"], []
-    header = ["slice", "n", f"{r.trained_name} EM"]
+    header = ["slice", "n", f"{r.trained_name} EM [{s.level:.0%} CI]"]
     for name in s.against:
         header += [f"{name} EM", f"delta vs {name} [{s.level:.0%} CI]"]
     rows = []
     for sl in s.slices:
-        marks = [f"REGRESSION vs {d.against}" for d in sl.regressions]
-        marks += ["ZERO"] * sl.zero + ["too few"] * sl.too_few
-        row = [sl.label, str(sl.n), f"{_num(sl.trained_em)} ({sl.correct}/{sl.n})"]
+        row = [sl.label, str(sl.n), f"{_ci(sl.trained_ci)} ({sl.correct}/{sl.n})"]
         for d in sl.vs:
             row += [_num(d.em), f"{_signed_ci(d.delta)} (n={d.delta.n})"]
-        rows.append([*row, ", ".join(marks)])
-    header.append("mark")
-    heading = (f"Slices: {r.trained_name} per question type and hop count, paired EM deltas; "
-               f"a regression is an interval entirely below 0 on >= {s.min_questions} "
-               f"questions (fewer: too few) and gate.slice_regression={s.mode} "
+        rows.append([*row, _slice_verdict(sl, s.claim_min_questions)])
+    header.append("verdict")
+    heading = (f"Slices: {r.trained_name} per hop count, question type and named slice, "
+               f"paired EM deltas; a win needs the interval above 0 on >= "
+               f"{s.claim_min_questions} questions (gate.slice_claim_min_questions; fewer: too "
+               f"few to claim, never a win); a regression is an interval entirely below 0 on "
+               f">= {s.min_questions} questions and gate.slice_regression={s.mode} "
                + ("fails the gate on one" if s.mode == "fail" else "only marks it")
                + (f"; {s.note}" if s.note else ""))
     return heading, header, rows
+
+
+def _world_card_rows(r: ReportInputs) -> list[list[str]]:
+    return [[name, str(n), text] for name, n, text in r.world_card]
 
 
 # --- plots
@@ -451,6 +501,8 @@ def _sections(r: ReportInputs) -> list[tuple[str, str, list[str], list[list[str]
          ["system", "route", "n", "EM [95% CI]", "searches/q"], _group_rows(r.searched_split)),
         ("types", "By question type", ["system", "type", "n", "EM [95% CI]", "searches/q"],
          _group_rows(r.by_type)),
+        ("world-card", "World card: what each named slice of the eval questions tests",
+         ["slice", "questions", "what it tests"], _world_card_rows(r)),
         ("slices", slice_heading, slice_header, slice_rows),
         ("stage-costs", f"Compute by stage: {r.device_unit} = wall time x devices",
          ["stage", "wall time", "devices", r.device_unit, "cost"], _stage_rows(r)),
@@ -479,13 +531,26 @@ def _slice_sentence(r: ReportInputs) -> str:
     return r.slices.sentence() if r.slices is not None else ""
 
 
+def _boxed(r: ReportInputs) -> list[tuple[str, str]]:
+    """The decision box's statements as (HTML id, text), a scripted warning first."""
+    out = [("scripted", r.scripted)] * (r.scripted_warning and bool(r.scripted))
+    out += [("comparator", r.comparator), ("provenance", r.provenance),
+            ("champion", r.champion), ("train-start", r.start),
+            ("policy-selection", r.policy_selection), ("training", r.training),
+            ("slices-box", _slice_sentence(r))]
+    out += [("scripted", r.scripted)] * (not r.scripted_warning and bool(r.scripted))
+    return [(k, text) for k, text in out if text]
+
+
 def render_markdown(r: ReportInputs) -> str:
     lines = [f"# {r.title}", ""]
     head = _headline(r)
-    boxed = (r.comparator, r.champion, r.start, r.policy_selection, r.training,
-             _slice_sentence(r))
-    lines += [head[0], ""] + [f"**{x}**" for x in boxed if x]
-    lines += [""] * any(boxed)
+    boxed = _boxed(r)
+    lines += [head[0], ""]
+    for _, text in boxed:  # each its own paragraph
+        lines += [f"**{text}**", ""]
+    if r.systems or r.not_evaluated:
+        lines += [markdown_table(BOX_HEADER, _box_rows(r)), ""]
     lines += [head[1], ""] + ([head[2], ""] if head[2] else [])
     lines += [f"- {'PASS' if c.passed else 'FAIL'} {c.name}: {c.detail}" for c in r.gate.checks]
     lines += ["", f"Gold pairs available: {r.gold_pairs}; eval set: {r.eval_set}.", ""]
@@ -507,6 +572,13 @@ th{background:#f3f3f3}
 .pass{color:#145214}.fail{color:#7a1010}
 figure{display:inline-block;margin:.5em}figcaption{font-size:.85em;color:#555}
 """
+
+
+def _box_class(r: ReportInputs, key: str) -> str:
+    """A decision-box statement that undercuts the result is styled as a failure."""
+    warn = ((key == "scripted" and r.scripted_warning)
+            or (key == "provenance" and not r.sealed))
+    return ' class="fail"' if warn else ""
 
 
 def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
@@ -531,14 +603,10 @@ def render_html(r: ReportInputs, figures: dict[str, str] | None = None) -> str:
         f"<title>{esc(r.title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{esc(r.title)}</h1>"
         f'<div id="decision" class="decision {klass}">{esc(r.gate.label)}</div>'
-        + (f'<p id="comparator"><b>{esc(r.comparator)}</b></p>' if r.comparator else "")
-        + (f'<p id="champion"><b>{esc(r.champion)}</b></p>' if r.champion else "")
-        + (f'<p id="train-start"><b>{esc(r.start)}</b></p>' if r.start else "")
-        + (f'<p id="policy-selection"><b>{esc(r.policy_selection)}</b></p>'
-           if r.policy_selection else "")
-        + (f'<p id="training"><b>{esc(r.training)}</b></p>' if r.training else "")
-        + (f'<p id="slices-box"><b>{esc(_slice_sentence(r))}</b></p>'
-           if _slice_sentence(r) else "")
+        + "".join(f'<p id="{k}"{_box_class(r, k)}><b>{esc(text)}</b></p>'
+                  for k, text in _boxed(r))
+        + (f'<div id="decision-systems">{html_table(BOX_HEADER, _box_rows(r))}</div>'
+           if r.systems or r.not_evaluated else "")
         + f"<p>{esc(_headline(r)[1])}</p>"
         + (f'<p id="cost-basis">{esc(r.cost_basis)}</p>' if r.cost_basis else "")
         + f"<ul id=\"checks\">{checks}</ul>"

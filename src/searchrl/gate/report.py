@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +18,8 @@ from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, read_manifest
 from searchrl.eval.audit import GOLD_LIKELY_WRONG
 from searchrl.eval.baselines import CHAMPION, FRONTIER, TRAINED
-from searchrl.eval.metrics import Interval, QuestionResult, Summary
-from searchrl.eval.results import EvalResult, read_question_results
+from searchrl.eval.metrics import NAN_INTERVAL, Interval, QuestionResult, Summary
+from searchrl.eval.results import EvalResult, known_slice_card, read_question_results
 from searchrl.gate.payback import (
     ChampionInputs,
     Check,
@@ -94,31 +94,65 @@ def _metric_rows(path: str | Path | None) -> Iterator[dict[str, Any]]:
                 yield row
 
 
+# The learned systems without RL: what "without RL" means when no frontier is measured. The
+# stronger of those evaluated is the `best` comparator: the question the gate answers is
+# whether RL pays beyond fine-tuning the same model on demonstrations (sft) or on its own
+# correct samples (rejection_sampling).
+SCRIPTED, REJECTION_SAMPLING = "scripted", "rejection_sampling"
+SFT_FAMILY = ("sft", REJECTION_SAMPLING)
+# The decision box lists the systems in this order (any other evaluated system after them).
+DISPLAY_ORDER = ("no_search", "retrieve_once", SCRIPTED, "sft", REJECTION_SAMPLING, TRAINED,
+                 CHAMPION, FRONTIER)
+SYSTEM_ROLES = {"no_search": "SFT policy, answers without retrieval",
+                "retrieve_once": "SFT policy, top-k passages once, then answers",
+                SCRIPTED: "fixed regex + retriever program, no learning",
+                "sft": "fine-tuned on demonstrations, no RL",
+                REJECTION_SAMPLING: "fine-tuned on its own correct samples, no RL",
+                TRAINED: "GRPO-trained (RL): the candidate",
+                CHAMPION: "the registry's current champion",
+                FRONTIER: "the frontier model (endpoint)",
+                "base_agentic": "the base model before any training"}
+
+
 def choose_baseline(evaluation: EvalResult, wanted: str) -> tuple[str, list[str]]:
     """The baseline the accuracy condition compares with, and notes.
 
-    `best`: the evaluated baseline with the highest EM (the hardest bar to clear), the
-    registry's champion excepted: it is what the policy would replace, not the alternative
-    the policy must pay off against, and the champion check (non-inferiority within
-    gate.champion_margin) judges it. With it among `best`, every week after the first GO had
-    to beat the champion by min_accuracy_margin to be promoted. A named baseline that was
-    not evaluated is returned as is; the gate then fails closed on it.
+    `best`: the stronger by EM of the evaluated learned systems without RL (`SFT_FAMILY`:
+    sft, rejection_sampling). Never a fixed program or prompt format (scripted, no_search,
+    retrieve_once: beating those says nothing about RL over fine-tuning), nor the registry's
+    champion (what the policy would replace, judged by the champion check's non-inferiority:
+    with it as the bar, every week after the first GO had to beat it by a margin). With no
+    SFT-family system evaluated `best` is returned as is, and the gate fails closed on it
+    rather than fall back to another system. A named baseline is used as named; one that was
+    not evaluated is returned as is and fails closed too.
     """
     baselines = {n: s for n, s in evaluation.systems.items() if n != TRAINED}
-    if wanted == "best":
-        baselines.pop(CHAMPION, None)
     if wanted != "best":
         if wanted not in baselines:
             return wanted, [f"gate.comparison_baseline={wanted!r} was not evaluated "
                             f"(evaluated: {sorted(baselines)}): accuracy cannot be checked"]
         return wanted, []
-    finite = {n: s.summary.em.mean for n, s in baselines.items()
-              if math.isfinite(s.summary.em.mean)}
+    family = {n: baselines[n].summary.em.mean for n in SFT_FAMILY if n in baselines}
+    if not family:
+        return "best", [f"gate.comparison_baseline=best: no learned system without RL "
+                        f"({', '.join(SFT_FAMILY)}) was evaluated (evaluated: "
+                        f"{sorted(baselines)}): accuracy cannot be checked; add one to "
+                        "eval.baselines, or name a baseline in gate.comparison_baseline"]
+    finite = {n: em for n, em in family.items() if math.isfinite(em)}
     if not finite:
-        return "best", ["no baseline has a finite EM: accuracy cannot be checked"]
+        return "best", [f"no SFT-family system ({', '.join(sorted(family))}) has a finite "
+                        "EM: accuracy cannot be checked"]
     best = max(sorted(finite), key=lambda n: finite[n])
-    return best, [f"comparison baseline: {best}, the strongest evaluated baseline by EM "
-                  "(gate.comparison_baseline=best)"]
+    return best, [f"comparison baseline: {best}, the best SFT-family system without RL: the "
+                  f"stronger by EM of {_ems(family)} (gate.comparison_baseline=best; "
+                  "scripted, no_search, retrieve_once and the champion are never chosen "
+                  "by it)"]
+
+
+def _ems(ems: Mapping[str, float]) -> str:
+    """`sft 0.300, rejection_sampling 0.420` in `SFT_FAMILY` order."""
+    return ", ".join(f"{n} {em:.3f}" if math.isfinite(em) else f"{n} n/a"
+                     for n, em in ems.items())
 
 
 @dataclass(frozen=True)
@@ -147,13 +181,24 @@ def comparator_of(config: PipelineConfig, evaluation: EvalResult) -> Comparator:
         verdict = ("may pass: gate.allow_stand_in_comparator=true" if
                    g.allow_stand_in_comparator else
                    "may not pass: gate.allow_stand_in_comparator=false")
+        found = name in evaluation.systems and name != TRAINED
+        problem = None if found else (notes[0] if notes else f"{name} was not evaluated")
+        if not found:
+            what = f"{name}, NOT evaluated ({problem}), so the accuracy condition fails"
+        elif g.comparison_baseline == "best":
+            family = {n: evaluation.systems[n].summary.em.mean for n in SFT_FAMILY
+                      if n in evaluation.systems}
+            what = (f"best SFT-family system without RL: {name} (the stronger by EM of "
+                    f"{_ems(family)})")
+        else:
+            what = f"{name} (named by gate.comparison_baseline)"
         return Comparator(
             name, "stand-in",
-            f"Comparator: {name}, a stand-in, NOT the frontier system (no eval.frontier "
+            f"Comparator: {what}, a stand-in, NOT the frontier system (no eval.frontier "
             "endpoint is configured, so the frontier's accuracy was not measured); the "
             f"accuracy condition is measured against the stand-in and {verdict}. The frontier's "
             "cost is assumed (gate.frontier_tokens_per_query, gate.frontier_price_per_1k_tokens).",
-            None, g.frontier_tokens_per_query, g.frontier_price_per_1k_tokens,
+            problem, g.frontier_tokens_per_query, g.frontier_price_per_1k_tokens,
             "assumed: gate.frontier_tokens_per_query", tuple(notes))
     if measured is None:
         problem = ("eval.frontier is configured but the evaluation has no frontier system; "
@@ -222,6 +267,107 @@ def start_sentence(config: PipelineConfig) -> str:
                 "champion's own training.")
     return ("Training started from the configured base model through the cold start "
             "(train.init=base): the cost charged is the whole recipe.")
+
+
+def scripted_sentence(evaluation: EvalResult) -> tuple[str, bool]:
+    """(for the decision box, whether it is a warning): how the trained policy compares with
+    `scripted`, a fixed regex + retriever program that learns nothing. When the script
+    matches or beats the policy the world does not need learning, and the report says so
+    first; a policy ahead only within the interval is said to be indistinguishable from it."""
+    script, trained = evaluation.systems.get(SCRIPTED), evaluation.systems.get(TRAINED)
+    if script is None:
+        return ("Scripted baseline (a fixed regex + retriever program, no learning) not "
+                "evaluated: this report has no evidence that the world needs learning (add "
+                "scripted to eval.baselines).", False)
+    if trained is None:
+        return "", False
+    se, te = script.summary.em.mean, trained.summary.em.mean
+    delta = evaluation.deltas.get(SCRIPTED, NAN_INTERVAL)
+    shown = (f"EM {_num(se)} vs {TRAINED} {_num(te)}, paired {TRAINED} - {SCRIPTED} "
+             f"{_signed(delta)} (n={delta.n})")
+    if not (math.isfinite(se) and math.isfinite(te)):
+        return f"Scripted baseline: {shown}: not comparable (EM not finite).", False
+    if se >= te:
+        verb = "beats" if se > te else "matches"
+        return (f"WARNING: the scripted baseline (a fixed regex + retriever program, no "
+                f"learning) {verb} the trained policy: {shown}. This world does not need "
+                "learning: no accuracy figure in this report is evidence for RL.", True)
+    if not (math.isfinite(delta.lo) and delta.lo > 0.0):
+        return (f"Scripted baseline (no learning): {shown}: the trained policy is NOT "
+                "distinguishable from a fixed script on this eval set (interval includes "
+                "0).", False)
+    return (f"Scripted baseline (no learning): {shown}: the trained policy beats the fixed "
+            "script, so the world needs more than its regex rules.", False)
+
+
+def provenance_sentence(config: PipelineConfig) -> tuple[str, bool]:
+    """(How the recipe was chosen, whether this report's world is sealed): a synthetic world
+    is sealed when its seed is not among `data.synthetic.tuning_seeds`, the worlds whose dev
+    splits the hyperparameters were tuned on. Anything else is a labelled caveat."""
+    head = "How the recipe was chosen: "
+    if config.data.source != "synthetic":
+        return (head + f"CAVEAT: tuning provenance not recorded for data.source="
+                f"{config.data.source} (which data the hyperparameters were chosen on is not "
+                "known to the pipeline): not a sealed result.", False)
+    world = config.data.synthetic
+    tuned = ", ".join(str(t) for t in world.tuning_seeds)
+    if not world.tuning_seeds:
+        return (head + f"CAVEAT: tuning provenance not recorded (data.synthetic.tuning_seeds "
+                f"is empty), so this world (seed {world.seed}) may have been read while "
+                "tuning: not a sealed result.", False)
+    if world.seed in world.tuning_seeds:
+        return (head + f"CAVEAT: this world (seed {world.seed}) was used for tuning "
+                f"(data.synthetic.tuning_seeds: {tuned}): not a sealed result.", False)
+    return (head + f"hyperparameters chosen on the dev splits of worlds {tuned} "
+            f"(data.synthetic.tuning_seeds); this report's world (seed {world.seed}) is "
+            "sealed: no tuning read it.", True)
+
+
+def display_order(names: Iterable[str]) -> list[str]:
+    """`DISPLAY_ORDER` first, then any other system in the order given."""
+    names = list(names)
+    return ([n for n in DISPLAY_ORDER if n in names]
+            + [n for n in names if n not in DISPLAY_ORDER])
+
+
+def not_evaluated(config: PipelineConfig, evaluation: EvalResult) -> tuple[str, ...]:
+    """Systems asked for (eval.baselines, eval.frontier, the trained policy) that the
+    evaluation does not have, in display order (the notes say why)."""
+    wanted = [*config.eval.baselines, TRAINED] + [FRONTIER] * (config.eval.frontier is not None)
+    return tuple(n for n in display_order(dict.fromkeys(wanted))
+                 if n not in evaluation.systems)
+
+
+def _roles(evaluation: EvalResult, names: Iterable[str]) -> dict[str, str]:
+    """What each system is, for the decision box (an unknown one: its evaluation spec's)."""
+    known = evaluation.systems
+    return {n: SYSTEM_ROLES.get(n, known[n].spec.description if n in known else "")
+            for n in names}
+
+
+def world_card(evaluation: EvalResult, slices: SliceReport | None
+               ) -> tuple[tuple[str, int, str], ...]:
+    """(slice, questions, what it tests) for each named slice of the eval questions: counts
+    from the trained policy's per-slice breakdown (its per-question results for an older
+    results.json), descriptions as the evaluation recorded them, else the world module's."""
+    trained = evaluation.systems.get(TRAINED)
+    counts = {k: v.n for k, v in trained.by_slice.items()} if trained is not None else {}
+    if not counts and slices is not None:
+        counts = {s.name: s.n for s in slices.slices if s.kind == "slice"}
+    card = dict(evaluation.slice_card)
+    card |= known_slice_card([n for n in counts if n not in card])
+    return tuple((name, n, card.get(name, "not described (no slice card recorded)"))
+                 for name, n in sorted(counts.items()))
+
+
+def _num(x: float) -> str:
+    return f"{x:.3f}" if math.isfinite(x) else "n/a"
+
+
+def _signed(iv: Interval) -> str:
+    if iv.n == 0 or not math.isfinite(iv.mean):
+        return "n/a"
+    return f"{iv.mean:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]"
 
 
 def selection_sentence(selection: Mapping[str, Any]) -> str:
@@ -438,7 +584,10 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                      "its EM is optimistic (set eval.split=test).")
     notes.append(f"Latency is batch-amortised wall time on device={config.run.device} "
                  f"(eval.batch_size={config.eval.batch_size}).")
-    order = [n for n in evaluation.systems if n != TRAINED] + [TRAINED] * (trained is not None)
+    order = display_order(evaluation.systems)
+    missing = not_evaluated(config, evaluation)
+    scripted, scripted_warning = scripted_sentence(evaluation)
+    provenance, sealed = provenance_sentence(config)
     suspects = _read_jsonl(evaluation.suspects_path)
     main = config.eval.split
     report = ReportInputs(
@@ -466,7 +615,10 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                         if evaluation.train_audit else []),
         train_audit_questions=(evaluation.train_audit.n_questions
                                if evaluation.train_audit else 0),
-        slices=slices)
+        slices=slices, system_roles=_roles(evaluation, (*order, *missing)),
+        not_evaluated=missing, scripted=scripted,
+        scripted_warning=scripted_warning, provenance=provenance, sealed=sealed,
+        world_card=world_card(evaluation, slices))
     return result, report
 
 
@@ -491,16 +643,18 @@ def _question_results(evaluation: EvalResult, name: str) -> list[QuestionResult]
 
 def slice_report(config: PipelineConfig, evaluation: EvalResult, comparator: str
                  ) -> SliceReport:
-    """The trained policy per question type and hop count against the comparator and the
-    champion (when evaluated), with the evaluation's bootstrap settings (eval.bootstrap_samples,
-    eval.confidence_level, run.seed), so slice intervals match the aggregate ones."""
+    """The trained policy per hop count, question type and named slice against the
+    comparator and the champion (when evaluated), with the evaluation's bootstrap settings
+    (eval.bootstrap_samples, eval.confidence_level, run.seed), so slice intervals match the
+    aggregate ones; a win is claimed only on gate.slice_claim_min_questions questions."""
     g, e = config.gate, config.eval
     trained = _question_results(evaluation, TRAINED)
     if trained is None:
         return SliceReport(g.slice_regression, g.slice_min_questions, e.confidence_level, (),
                            note="not computed: the trained policy's per-question results "
                                 "(questions_*.jsonl) are missing; re-run evaluate_policy",
-                           missing=(TRAINED,))
+                           missing=(TRAINED,),
+                           claim_min_questions=g.slice_claim_min_questions)
     against: dict[str, list[QuestionResult]] = {}
     missing: list[str] = []
     for name in dict.fromkeys((comparator, CHAMPION)):
@@ -516,7 +670,8 @@ def slice_report(config: PipelineConfig, evaluation: EvalResult, comparator: str
     return compute_slices(trained, against, mode=g.slice_regression,
                           min_questions=g.slice_min_questions, samples=e.bootstrap_samples,
                           level=e.confidence_level, seed=config.run.seed, note=note,
-                          missing=tuple(missing))
+                          missing=tuple(missing),
+                          claim_min_questions=g.slice_claim_min_questions)
 
 
 def _cost_inputs(config: PipelineConfig, comparator: Comparator, hours: float | None,
@@ -610,6 +765,8 @@ def decision_figures(result: GateResult, report: ReportInputs) -> dict[str, floa
                                  if report.costs.training_gpu_hours is not None else nan),
         "projection_ratio": report.projection.ratio if report.projection else nan,
         "comparator_is_frontier": float(report.comparison_baseline == FRONTIER),
+        "scripted_matches_or_beats_trained": float(report.scripted_warning),
+        "sealed_world": float(report.sealed),
     } | {f"{s.stage}_device_hours": s.device_hours for s in report.stage_costs} | (
         report.slices.figures() if report.slices is not None else {})
 
@@ -645,6 +802,17 @@ def write_gate_report(config: PipelineConfig, evaluation: EvalResult, out_dir: P
          "champion": {"version": champion_version, "margin": config.gate.champion_margin,
                       "text": report.champion},
          "train_init": config.train.init,
+         "systems": {n: {"role": report.system_roles.get(n, ""), "n": s.n,
+                         "em": s.em.to_dict(), "searches_per_question": s.searches_per_question,
+                         "format_rate": s.format_rate}
+                     for n, s in report.systems.items()},
+         "not_evaluated": list(report.not_evaluated),
+         "scripted": {"text": report.scripted, "warning": report.scripted_warning},
+         "provenance": {"text": report.provenance, "sealed": report.sealed,
+                        "tuning_seeds": list(config.data.synthetic.tuning_seeds)
+                        if config.data.source == "synthetic" else None},
+         "world_card": [{"slice": name, "n": n, "tests": text}
+                        for name, n, text in report.world_card],
          "slices": report.slices.to_dict() if report.slices is not None else None,
          "cost_basis": report.cost_basis, "device_unit": report.device_unit,
          "stages": [{"stage": c.stage, "seconds": c.seconds, "devices": c.devices}

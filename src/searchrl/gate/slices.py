@@ -46,7 +46,7 @@ def _named_slices(r: QuestionResult) -> tuple[str, ...]:
 # Each kind's groups of a question (a question is in one type and one hop count, and in any
 # number of named slices), in the order the report lists them.
 SLICE_KINDS: dict[SliceKind, Callable[[QuestionResult], tuple[str, ...]]] = {
-    "type": lambda r: (by_type(r),), "hops": lambda r: (by_hops(r),), "slice": _named_slices}
+    "hops": lambda r: (by_hops(r),), "type": lambda r: (by_type(r),), "slice": _named_slices}
 
 
 @dataclass(frozen=True)
