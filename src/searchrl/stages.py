@@ -57,6 +57,13 @@ from searchrl.train.checkpoint import checkpoint_dir_lock
 from searchrl.train.cold_start import SFT_KEY_FILE, cold_start
 from searchrl.train.grpo import train_policy_run
 from searchrl.train.launch import env_rank, launch_ranks
+from searchrl.train.rejection import (
+    RS_DIR,
+    SAMPLES_FILE,
+    RejectionSamplingResult,
+    build_rejection_sampling,
+    write_estimate_samples,
+)
 from searchrl.train.selection import choose_policy
 from searchrl.types import (
     CheckpointRef,
@@ -247,6 +254,9 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     sft_dir = cold_start(config, read_qa(train_path), read_passages(dataset.corpus_path),
                          searcher, paths.train_dir / "sft", sink)
     result = run_curriculum(config, train_path, sft_dir, searcher, paths.curriculum_dir)
+    # Its correct samples, which rejection sampling fine-tunes on instead of sampling again.
+    samples = write_estimate_samples(paths.curriculum_dir / SAMPLES_FILE, result.records,
+                                     policy_dir=sft_dir, config=config)
     sink.log_metrics({k: float(v) for k, v in result.counts.items()}
                      | {"mean_pass_rate": result.mean_pass_rate})
     for artifact in (result.train_path, result.difficulty_path, result.dropped_path,
@@ -255,8 +265,8 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     return _finish(CurriculumRef(
         train_path=str(result.train_path), fingerprint=fingerprint(result.train_path),
         difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
-        files=files_of(result.train_path, sft_dir), seconds=time.perf_counter() - started,
-        mlflow_run_id=sink.run_id),
+        samples_path=str(samples), files=files_of(result.train_path, sft_dir, samples),
+        seconds=time.perf_counter() - started, mlflow_run_id=sink.run_id),
         paths.curriculum_dir)
 
 
@@ -269,9 +279,11 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     """GRPO on the curriculum-ordered set (the validated train split without one).
 
     Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), best_policy/
-    (train.keep_best), checkpoints/, metrics.jsonl, curve.png. A re-run after a crash resumes
-    from the newest checkpoint. The reference's `policy_dir` is the selected policy (the best
-    dev evaluation under train.keep_best, else the last step's); it records both.
+    (train.keep_best), checkpoints/, metrics.jsonl, curve.png, and under
+    train.rejection_sampling rejection_sampling/ (a comparator, built first, in this process:
+    `_rejection_sampling`). A re-run after a crash resumes from the newest checkpoint. The
+    reference's `policy_dir` is the selected policy (the best dev evaluation under
+    train.keep_best, else the last step's); it records both.
     `train.launch.mode=inprocess` trains here as one rank (`run_training`); `deepspeed` starts
     the ranks through DeepSpeed's launcher (`train/launch.py`), each running `run_training`
     through the rank entry point (`python -m searchrl train-rank`), and reads the reference
@@ -283,18 +295,62 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
         with checkpoint_dir_lock(out_dir / CHECKPOINTS):
             _begin(out_dir)
             fetch_champion_start(config, out_dir, sink.tracking_uri)
-            return run_training(config, dataset, index, curriculum, sink,
-                                searchers=searchers)
+            rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
+            # run_training times itself from here on: the RS build is not GRPO's cost.
+            ref = run_training(config, dataset, index, curriculum, sink, searchers=searchers)
+            return ref if rs is None else _finish(_with_rs(ref, rs), out_dir)
     with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
         _begin(out_dir)
         fetch_champion_start(config, out_dir, sink.tracking_uri)
+        rs_started = time.perf_counter()
+        rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
+        rs_wall = time.perf_counter() - rs_started
     # The ranks search through the flow's managed server (plain clients: no restarts there).
     searchers_for(config, searchers).ensure_service()
     launch_ranks(config, out_dir, mlflow_run_id=sink.run_id, tracking_uri=sink.tracking_uri)
     ranks_ref = read_ref(CheckpointRef, out_dir, "train")
-    # the stage's wall time includes starting the ranks
-    seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
-    return _finish(dataclasses.replace(ranks_ref, seconds=seconds), out_dir)
+    # the stage's wall time includes starting the ranks, not the RS build (its own cost)
+    seconds = time.perf_counter() - started - rs_wall + ranks_ref.earlier_attempts_seconds
+    ref = dataclasses.replace(ranks_ref, seconds=seconds)
+    return _finish(ref if rs is None else _with_rs(ref, rs), out_dir)
+
+
+def _rejection_sampling(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
+                        curriculum: CurriculumRef | None, sink: MetricsSink,
+                        searchers: SearcherProvider | None) -> RejectionSamplingResult | None:
+    """train.rejection_sampling: the RS comparator under `train_policy/rejection_sampling`,
+    built (or reused: its own key) before training, on the stage's process, and its figures
+    logged; None when disabled.
+
+    Here rather than in the ranks: no rank waits on it, so its minutes at scale hold no
+    collective, and its time is measured apart from GRPO's. It fine-tunes the cold start the
+    curriculum stage made (vouched for by that stage's reference) and reuses its samples;
+    without a curriculum stage the cold start is made here, by the one function that makes
+    it, and the trainer then finds it (same key).
+    """
+    if not config.train.rejection_sampling.enabled:
+        return None
+    train_dir = StagePaths(config.run.work_dir).train_dir
+    searcher = searchers_for(config, searchers).searcher(index.index_dir)
+    sft_dir = train_dir / "sft"
+    if curriculum is None or not (sft_dir / SFT_KEY_FILE).is_file():
+        sft_dir = cold_start(config, read_qa(dataset.paths["train"]),
+                             read_passages(dataset.corpus_path), searcher, sft_dir, sink)
+    # The questions GRPO trains on, in curriculum order (the validated split without one).
+    questions = read_qa(curriculum.train_path if curriculum else dataset.paths["train"])
+    samples = curriculum.samples_path if curriculum is not None else None
+    result = build_rejection_sampling(config, questions, sft_dir, searcher, train_dir / RS_DIR,
+                                      samples_path=Path(samples) if samples else None,
+                                      sink=sink)
+    sink.log_metrics(result.metrics | {"rs_seconds": result.seconds,
+                                       "rs_reused_policy": float(not result.built)})
+    return result
+
+
+def _with_rs(ref: CheckpointRef, rs: RejectionSamplingResult) -> CheckpointRef:
+    """The training reference with the RS policy: evaluated beside it, its files vouched for."""
+    return dataclasses.replace(ref, rs_dir=str(rs.policy_dir), rs_seconds=rs.seconds,
+                               files=ref.files | files_of(rs.policy_dir))
 
 
 CHECKPOINTS = "checkpoints"  # under the stage dir (grpo's TrainState.checkpoints)
@@ -440,6 +496,7 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
                    "policy": checkpoint.fingerprint})
     result = evaluate_stage(config, eval_path=dataset.paths[split], index_dir=index.index_dir,
                             policy_dir=checkpoint.policy_dir, sft_dir=checkpoint.sft_dir,
+                            rs_dir=checkpoint.rs_dir,
                             out_dir=out_dir, tracking_uri=sink.tracking_uri,
                             extra_sets=extra_sets, selection=policy_selection(checkpoint),
                             train_path=dataset.paths.get("train"),

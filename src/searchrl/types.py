@@ -118,6 +118,9 @@ class CurriculumRef(_CostedOutput):
     fingerprint: str
     difficulty_path: str | None = None
     dropped_path: str | None = None
+    # The difficulty estimate's correct samples, which rejection sampling (train/rejection.py)
+    # fine-tunes on instead of sampling the same policy again.
+    samples_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,12 @@ class CheckpointRef(_CostedOutput):
     selected_value: float | None = None  # the select metric at selected_step / last_step
     last_value: float | None = None
     stopped_early: bool = False  # train.early_stop_patience ended training at last_step
+    # train.rejection_sampling: the SFT policy fine-tuned on its own correct samples (None:
+    # disabled), evaluated as the `rejection_sampling` system, and its build time (as recorded
+    # when built; a reused one keeps that figure). Not in `seconds`: the stage's time is the
+    # GRPO policy's cost, rs_seconds the comparator's.
+    rs_dir: str | None = None
+    rs_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,15 @@ drop the zero-variance ends, order the rest, and write the artifacts.
 Artifacts (all under `out_dir`, manifests last so nothing partial looks complete):
 `train_curriculum.jsonl` (kept questions in training order), `difficulty.parquet` (one row per
 question with the policy and data fingerprints it came from), `dropped.jsonl` (each dropped
-question with its reason), `difficulty_hist.png`.
+question with its reason), `difficulty_hist.png`. The estimate's rollouts are returned too:
+the stage keeps their correct ones for rejection sampling (`train/rejection.py`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -42,6 +43,8 @@ class CurriculumResult:
     histogram_path: Path
     counts: dict[str, int]
     mean_pass_rate: float
+    # The estimate's rollouts (its samples of the policy), for reuse beyond the estimate.
+    records: list[RolloutRecord] = field(default_factory=list)
 
 
 def rollout_pass_rates(examples: Sequence[QAExample], generator: Generator,
@@ -134,6 +137,8 @@ def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
                               counts={"questions_in": len(difficulties),
                                       "kept": len(difficulties), "dropped": 0,
                                       "dropped_never_solved": 0, "dropped_always_solved": 0})
-    return write_artifacts(examples, result, difficulties, out_dir,
-                           policy_fingerprint=fingerprint(policy_dir),
-                           data_fingerprint=fingerprint(train_path), unestimated=unestimated)
+    written = write_artifacts(examples, result, difficulties, out_dir,
+                              policy_fingerprint=fingerprint(policy_dir),
+                              data_fingerprint=fingerprint(train_path), unestimated=unestimated)
+    written.records = records
+    return written

@@ -10,6 +10,8 @@ All systems run the same rollout loop on the same eval questions and retriever:
     base_agentic   the base model before any training (tiny default: a fresh random init
                    with the same tokenizer; pretrained: `model.name_or_path`), agentic loop
     champion       the policy the model registry's champion alias points at, agentic loop
+    rejection_sampling  the SFT policy fine-tuned on its own correct, well-formed samples of
+                   the train questions (train/rejection.py, Search-R1's RFT), agentic loop
     scripted       no policy: the fixed program of eval/scripted.py (question templates from
                    the train split, regular expressions, retriever calls; no learning)
     frontier       the frontier model behind an OpenAI-compatible endpoint (`eval.frontier`),
@@ -56,8 +58,8 @@ class SystemSpec:
 
 
 def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | None,
-                 champion_dir: str | None, config: PipelineConfig
-                 ) -> tuple[list[SystemSpec], list[str]]:
+                 champion_dir: str | None, config: PipelineConfig,
+                 rs_dir: str | None = None) -> tuple[list[SystemSpec], list[str]]:
     """Systems to evaluate (baselines in the given order, then `trained`) and a note for each
     requested baseline that cannot run (no SFT start, no champion registered)."""
     specs: list[SystemSpec] = []
@@ -78,6 +80,14 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
                     "no_search": "SFT policy, direct answer without retrieval",
                     "retrieve_once": "SFT policy, top-k passages once, then answer"}[name]
             specs.append(SystemSpec(name, sft_dir, mode, desc))
+        elif name == "rejection_sampling":
+            if rs_dir is None:
+                notes.append("baseline rejection_sampling skipped: the training stage recorded "
+                             "no rejection-sampling policy (train.rejection_sampling.enabled="
+                             "false)")
+                continue
+            specs.append(SystemSpec(name, rs_dir, "agentic", "SFT start fine-tuned on its own "
+                                    "correct samples (rejection sampling), agentic loop"))
         elif name == "champion":
             if champion_dir is None:
                 notes.append("baseline champion skipped: no policy registered under "

@@ -358,7 +358,7 @@ def audit_train_split(config: PipelineConfig, train_path: str | Path | None, pol
 
 
 def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: str | Path,
-                   policy_dir: str, sft_dir: str | None, out_dir: Path,
+                   policy_dir: str, sft_dir: str | None, out_dir: Path, rs_dir: str | None = None,
                    tracking_uri: str | None = None,
                    extra_sets: Mapping[str, str | Path] | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
@@ -391,7 +391,8 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
                                          config.eval.champion_alias, out_dir / "champion")
         champion_dir = str(got) if got is not None else None
     systems, notes = plan_systems(config.eval.baselines, policy_dir=policy_dir,
-                                  sft_dir=sft_dir, champion_dir=champion_dir, config=config)
+                                  sft_dir=sft_dir, champion_dir=champion_dir, config=config,
+                                  rs_dir=rs_dir)
     if train_path is None:
         train_path = Path(eval_path).with_name("train.jsonl")
     systems, notes = _with_train_split(systems, notes, train_path)

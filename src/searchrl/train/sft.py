@@ -143,19 +143,21 @@ def context_targets(ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Te
     return keep.to(target_mask.dtype)
 
 
-def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, demos: Sequence[Demo],
-            cfg: SFTConfig, *, seed: int = 0,
+def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+            demos: Sequence[Demo | TokenizedDemo], cfg: SFTConfig, *, seed: int = 0,
             on_step: Callable[[int, float], None] | None = None,
             progress: bool = True) -> SFTResult:
     """Train `model` in place on `demos` for `cfg.epochs` epochs (AdamW, cosine decay), with
-    a progress bar (the demo's cold start is minutes of it).
+    a progress bar (the demo's cold start is minutes of it). A `TokenizedDemo` is trained on
+    as given (rejection sampling's rollouts: their own token ids and loss mask).
 
     Raises FloatingPointError on a non-finite loss (a diverged cold start is not worth saving).
     """
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         raise ValueError("tokenizer has no pad token; set tokenizer.pad_token before SFT")
-    data = [tokenize_demo(d, tokenizer, cfg.max_len) for d in demos]
+    data = [d if isinstance(d, TokenizedDemo) else tokenize_demo(d, tokenizer, cfg.max_len)
+            for d in demos]
     if not data:
         raise ValueError("no demonstrations to train on")
     rng = random.Random(seed)
