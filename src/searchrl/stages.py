@@ -336,8 +336,10 @@ def _rejection_sampling(config: PipelineConfig, dataset: DatasetRef, index: Inde
     if curriculum is None or not (sft_dir / SFT_KEY_FILE).is_file():
         sft_dir = cold_start(config, read_qa(dataset.paths["train"]),
                              read_passages(dataset.corpus_path), searcher, sft_dir, sink)
-    # The questions GRPO trains on, in curriculum order (the validated split without one).
-    questions = read_qa(curriculum.train_path if curriculum else dataset.paths["train"])
+    # The validated train split, in its own order: the curriculum estimated the first
+    # `curriculum.max_questions` of it, so those samples are reused, and the questions every
+    # sample got right (which the curriculum drops as zero-variance) are RS's best data.
+    questions = read_qa(dataset.paths["train"])
     samples = curriculum.samples_path if curriculum is not None else None
     result = build_rejection_sampling(config, questions, sft_dir, searcher, train_dir / RS_DIR,
                                       samples_path=Path(samples) if samples else None,

@@ -35,7 +35,7 @@ def test_all_conditions_met_is_go_with_reasons() -> None:
     result = decide(PASSING, T)
     assert result.go and result.label == "GO"
     assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "champion",
-                                                       "payback"]
+                                                       "scripted", "payback"]
     assert result.payback is not None
 
 
@@ -79,7 +79,7 @@ def test_every_failed_condition_is_named() -> None:
                               champion=ChampionInputs("1", -0.2, -0.3, -0.1))
     result = decide(bad, T)
     assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "champion",
-                                                       "payback"]
+                                                       "scripted", "payback"]
 
 
 @pytest.mark.parametrize("field", ["accuracy_delta", "accuracy_delta_lo", "accuracy_delta_hi"])

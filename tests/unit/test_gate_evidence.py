@@ -93,7 +93,9 @@ def test_a_script_that_beats_the_policy_is_said_first(tmp_path: Path) -> None:
                                 stages=_train(3600.0), metrics_path=None)
     report = outcome.report
     assert report.comparison_baseline == "sft" and report.scripted_warning
-    assert outcome.result.go  # a warning, not a gate condition
+    # A gate condition, not only a warning: a policy a fixed script beats is never promoted.
+    assert not outcome.result.go
+    assert any(c.name == "scripted" and not c.passed for c in outcome.result.checks)
     md = outcome.md_path.read_text()
     warning = ("**WARNING: the scripted baseline (a fixed regex + retriever program, no "
                "learning) beats the trained policy: EM 0.700 vs trained 0.600, paired trained "
@@ -248,3 +250,29 @@ def test_results_json_keeps_the_slice_breakdown_and_card(tmp_path: Path) -> None
     assert dump(back.systems[TRAINED]) == dump(trained) and '"alias"' in dump(trained)
     assert back.slice_card == {"alias": SLICE_CARD["alias"]}
     assert back.systems["sft"].by_slice == {}
+
+
+def test_gate_says_no_go_when_the_trained_policy_does_not_beat_the_script() -> None:
+    from searchrl.gate.payback import CostInputs, GateInputs, GateThresholds, decide
+
+    costs = CostInputs(gpu_type="cpu", training_gpu_hours=1.0, gpu_price_per_hour=1.0,
+                       production_queries_per_month=1e6, small_tokens_per_query=100,
+                       small_price_per_1k_tokens=0.0001, frontier_tokens_per_query=1000,
+                       frontier_price_per_1k_tokens=0.01)
+    thresholds = GateThresholds(min_gold_pairs=1, min_accuracy_margin=0.0,
+                                max_payback_months=6.0, champion_margin=0.02)
+
+    def run(scripted: tuple[float, float, float] | None) -> tuple[bool, str]:
+        result = decide(GateInputs(gold_pairs=10, accuracy_delta=0.2, accuracy_delta_lo=0.1,
+                                   accuracy_delta_hi=0.3, comparison_baseline="sft",
+                                   costs=costs, allow_stand_in=True,
+                                   scripted_delta=scripted), thresholds)
+        check = next(c for c in result.checks if c.name == "scripted")
+        return result.go, check.detail
+
+    go, detail = run((-0.2, -0.25, -0.15))
+    assert not go and "does not beat a fixed script" in detail
+    assert not run((0.02, -0.01, 0.05))[0]  # indistinguishable from the script: no GO
+    assert run((0.1, 0.05, 0.15))[0]
+    go, detail = run(None)
+    assert go and "not evaluated" in detail

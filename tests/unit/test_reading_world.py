@@ -141,3 +141,8 @@ def test_every_gold_chain_is_retrievable_at_top_1(world: ReadingWorld) -> None:
                                imperfect_fraction=0.0)
     assert stats.skipped_gold_not_retrieved == 0 and stats.skipped_no_chain == 0
     assert len(demos) == len(world.splits["test"])
+    by_id = {ex.id: ex for ex in world.splits["test"]}
+    for demo in demos:  # each hop searches the gold query (an alias, a namesake's profession)
+        searches = [t.split("<search>")[1].split("</search>")[0].strip()
+                    for t, _ in demo.segments if "<search>" in t]
+        assert searches == list(by_id[demo.example_id].search_queries)

@@ -10,7 +10,8 @@ from searchrl.data.io import read_manifest, read_passages, read_qa
 from searchrl.data.synthetic import generate_world, write_world
 from searchrl.retrieval.bm25 import BM25Index
 
-SMALL = SyntheticWorldConfig(seed=3, n_people=80, n_cities=20, n_countries=6,
+SMALL = SyntheticWorldConfig(profile="classic", seed=3, n_people=80, n_cities=20,
+                             n_countries=6,
                              n_organisations=20, n_train=120, n_dev=30, n_test=40)
 
 

@@ -190,6 +190,9 @@ class GateInputs:
     allow_stand_in: bool = False
     comparator_problem: str | None = None  # why the comparator was not fully measured
     champion: ChampionInputs | None = None  # None: no champion registered yet
+    # Trained minus the scripted baseline (a fixed program, no learning), paired EM delta and
+    # its interval; None when the script was not evaluated (the report says so).
+    scripted_delta: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class ChampionInputs:
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # data | accuracy | champion | payback | training
+    name: str  # data | accuracy | champion | scripted | payback | training
     passed: bool
     detail: str
 
@@ -304,6 +307,24 @@ def _check_champion(inputs: GateInputs, t: GateThresholds) -> Check:
                                                          "the current champion"))
 
 
+def _check_scripted(inputs: GateInputs) -> Check:
+    """A model a fixed script matches is not worth training: the paired EM delta against the
+    scripted baseline must have its lower bound above 0 (not evaluated: passes, and the report
+    says the world's need for learning is unmeasured)."""
+    if inputs.scripted_delta is None:
+        return Check("scripted", True, "scripted baseline not evaluated")
+    d, lo, hi = inputs.scripted_delta
+    if not (_finite(d) and _finite(lo) and _finite(hi)):
+        return Check("scripted", False, f"EM delta vs scripted not finite ({d!r}, [{lo!r}, "
+                                        f"{hi!r}])")
+    ok = lo > 0.0
+    return Check("scripted", ok, f"EM delta vs scripted (a fixed program, no learning) "
+                                 f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]: lower bound "
+                                 f"{'>' if ok else '<='} 0" + (
+                                     "" if ok else ": the trained policy does not beat a "
+                                                   "fixed script"))
+
+
 def _check_payback(payback: PaybackResult | None, error: str | None,
                    t: GateThresholds) -> Check:
     if payback is None:
@@ -331,6 +352,7 @@ def decide(inputs: GateInputs, thresholds: GateThresholds) -> GateResult:
     checks: tuple[Check, ...] = (_check_data(inputs, thresholds),
                                  _check_accuracy(inputs, thresholds),
                                  _check_champion(inputs, thresholds),
+                                 _check_scripted(inputs),
                                  _check_payback(payback, error, thresholds))
     # Invalid thresholds cannot produce a GO either.
     bad_thresholds = [k for k, v in asdict(thresholds).items() if not _finite(v)]

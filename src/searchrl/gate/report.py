@@ -269,6 +269,13 @@ def start_sentence(config: PipelineConfig) -> str:
             "(train.init=base): the cost charged is the whole recipe.")
 
 
+def _scripted_delta(evaluation: EvalResult) -> tuple[float, float, float] | None:
+    delta = evaluation.deltas.get(SCRIPTED)
+    if SCRIPTED not in evaluation.systems or delta is None:
+        return None
+    return (delta.mean, delta.lo, delta.hi)
+
+
 def scripted_sentence(evaluation: EvalResult) -> tuple[str, bool]:
     """(for the decision box, whether it is a warning): how the trained policy compares with
     `scripted`, a fixed regex + retriever program that learns nothing. When the script
@@ -574,7 +581,8 @@ def build_gate(config: PipelineConfig, evaluation: EvalResult, *, gold_pairs: in
                                comparator=comparator.kind,
                                allow_stand_in=g.allow_stand_in_comparator,
                                comparator_problem=comparator.problem,
-                               champion=champion), thresholds)
+                               champion=champion,
+                               scripted_delta=_scripted_delta(evaluation)), thresholds)
     slices = slice_report(config, evaluation, baseline)
     result = _with_checks(result, training.check() if training is not None else None,
                           slices.check() if g.slice_regression == "fail" else None)

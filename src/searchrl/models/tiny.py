@@ -36,7 +36,12 @@ SPECIAL_TOKENS = (PAD, EOS, BOS, *TAG_TOKENS)
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained on `texts`; tags are single special tokens so they never split."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one, as Llama and Qwen tokenizers do: a year is then four frequent tokens
+    # to copy, not a rare merge the tiny model answered from its prior (issue 33: 0 of 58
+    # birth years right with merged digits, tuning world 101).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
