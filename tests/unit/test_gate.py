@@ -76,7 +76,8 @@ def test_every_failed_condition_is_named() -> None:
     bad = dataclasses.replace(PASSING, gold_pairs=10, accuracy_delta=-0.1,
                               accuracy_delta_lo=-0.2, accuracy_delta_hi=0.0,
                               costs=dataclasses.replace(COSTS, training_gpu_hours=1e6),
-                              champion=ChampionInputs("1", -0.2, -0.3, -0.1))
+                              champion=ChampionInputs("1", -0.2, -0.3, -0.1),
+                              scripted_delta=(-0.1, -0.2, -0.05))
     result = decide(bad, T)
     assert [r.split(":")[0] for r in result.reasons] == ["data", "accuracy", "champion",
                                                        "scripted", "payback"]

@@ -25,8 +25,9 @@ from searchrl.train.sft import (
 )
 from searchrl.types import Passage, QAExample, SearchHit
 
-WORLD = generate_world(SyntheticWorldConfig(profile="classic", seed=3, n_people=30, n_cities=8, n_countries=4,
-                                            n_organisations=8, n_train=40, n_dev=4, n_test=4))
+WORLD = generate_world(SyntheticWorldConfig(profile="classic", seed=3, n_people=30, n_cities=8,
+                                            n_countries=4, n_organisations=8, n_train=40,
+                                            n_dev=4, n_test=4))
 PASSAGES = {p.id: p for p in WORLD.passages}
 
 
