@@ -1,0 +1,167 @@
+"""The headline figures: the demo's config on its sealed world, over run seeds, every system.
+
+    .venv/bin/python benchmarks/bench_sealed.py [--seeds 0 1 2] [--work runs/sealed]
+        [--out docs/results/evidence_sealed.md] [--config configs/tiny.yaml] [overrides]
+
+Runs the whole pipeline (flows/pipeline.py) once per `run.seed` on the config's own world,
+which must not be a tuning world (data.synthetic.tuning_seeds): this is an evaluation, and
+nothing here may be used to choose a setting. Tabulates per seed and over seeds: test EM with
+95% intervals of every system (no_search, retrieve_once, scripted, sft, rejection_sampling,
+trained), format ok, and the paired EM delta of the trained policy against the best
+SFT-family system (the gate's comparator) overall and on the unseen-phrasing and
+answer-novel slices, against the scripted system, and the dev EM curve. A finished seed is
+not re-run (its copy under --work is read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from searchrl.config import ConfigError, load_config
+from searchrl.eval.metrics import QuestionResult, align, paired_bootstrap_delta
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ("no_search", "retrieve_once", "scripted", "sft", "rejection_sampling", "trained")
+SLICES = ("unseen_phrasing", "answer_novel", "comparison")
+
+
+def _run(config: str, seed: int, work: Path, extra: list[str]) -> float:
+    seed_dir = work / f"seed{seed}"
+    overrides = [f"run.seed={seed}", f"run.work_dir={seed_dir}",
+                 f"tracking.tracking_uri=sqlite:///{(work / f'seed{seed}.db').resolve()}",
+                 *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+           "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    started = time.perf_counter()
+    log = work / f"seed{seed}.log"
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, str(ROOT / "flows" / "pipeline.py"), "--config",
+                               config, *overrides], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, check=False)
+    if proc.returncode not in (0, 1):  # 1: NO-GO, still a finished run
+        raise SystemExit(f"seed {seed}: pipeline exited {proc.returncode}; see {log}")
+    return time.perf_counter() - started
+
+
+def _questions(path: Path) -> list[QuestionResult]:
+    return [QuestionResult.from_dict(json.loads(line))
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def _delta(a: list[QuestionResult], b: list[QuestionResult], slice_name: str | None
+           ) -> dict[str, float]:
+    if slice_name is not None:
+        a = [r for r in a if slice_name in r.slices]
+        b = [r for r in b if slice_name in r.slices]
+    x, y = align(a, b)
+    d = paired_bootstrap_delta([r.em for r in x], [r.em for r in y], seed=0)
+    return {"mean": d.mean, "lo": d.lo, "hi": d.hi, "n": d.n}
+
+
+def _figures(dest: Path) -> dict[str, Any]:
+    results = json.loads((dest / "results.json").read_text())
+    decision = json.loads((dest / "decision.json").read_text())
+    systems = results["systems"]
+    em = {s: systems[s]["summary"]["em"] for s in SYSTEMS if s in systems}
+    best = max((s for s in ("sft", "rejection_sampling") if s in em),
+               key=lambda s: em[s]["mean"])
+    q = {s: _questions(dest / f"questions_{s}.jsonl") for s in em}
+    curve = [(r["step"], r["dev_em"]) for r in
+             (json.loads(x) for x in (dest / "metrics.jsonl").read_text().splitlines())
+             if "dev_em" in r]
+    return {"em": em, "best": best,
+            "format": systems["trained"]["summary"]["format_rate"],
+            "vs_best": {name: _delta(q["trained"], q[best], name) for name in
+                        (None, *SLICES)},
+            "vs_scripted": _delta(q["trained"], q["scripted"], None) if "scripted" in q
+            else None,
+            "slice_n": {name: sum(name in r.slices for r in q["trained"]) for name in SLICES},
+            "curve": curve, "decision": decision.get("label", "?"),
+            "seconds": json.loads((dest / "seconds.json").read_text())["seconds"]}
+
+
+def _collect(work: Path, seed: int, seconds: float) -> Path:
+    src, dest = work / f"seed{seed}", work / f"figures_seed{seed}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("results.json", *(f"questions_{s}.jsonl" for s in SYSTEMS)):
+        if (src / "evaluate_policy" / name).is_file():
+            shutil.copy(src / "evaluate_policy" / name, dest / name)
+    shutil.copy(src / "decide_go_no_go" / "decision.json", dest / "decision.json")
+    shutil.copy(src / "train_policy" / "metrics.jsonl", dest / "metrics.jsonl")
+    (dest / "seconds.json").write_text(json.dumps({"seconds": seconds}))
+    return dest
+
+
+def _ci(i: dict[str, float], signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(i['mean'])} [{f.format(i['lo'])}, {f.format(i['hi'])}]"
+
+
+def _table(runs: dict[int, dict[str, Any]]) -> str:
+    head = " | ".join(SYSTEMS)
+    lines = [f"| seed | {head} | format ok | best SFT-family | trained - it | unseen phrasing "
+             "| answer-novel | comparison | trained - scripted | dev EM curve | decision | s |",
+             "|" + "---|" * (len(SYSTEMS) + 11)]
+    for seed, f in sorted(runs.items()):
+        cells = [_ci(f["em"][s]) if s in f["em"] else "-" for s in SYSTEMS]
+        vs = f["vs_best"]
+        curve = " ".join(f"{step}:{em:.2f}" for step, em in f["curve"])
+        lines.append(
+            f"| {seed} | " + " | ".join(cells) + f" | {f['format']:.3f} | {f['best']} | "
+            f"{_ci(vs[None], True)} | "
+            + " | ".join(f"{_ci(vs[s], True)} (n={vs[s]['n']})" for s in SLICES)
+            + f" | {_ci(f['vs_scripted'], True) if f['vs_scripted'] else '-'} | {curve} | "
+            f"{f['decision']} | {f['seconds']:.0f} |")
+    if runs:
+        lines += ["", "| over seeds (mean [min, max]) | " + " | ".join(SYSTEMS) + " |",
+                  "|---|" + "---|" * len(SYSTEMS)]
+        spread = []
+        for s in SYSTEMS:
+            vals = [f["em"][s]["mean"] for f in runs.values() if s in f["em"]]
+            spread.append(f"{statistics.fmean(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]"
+                          if vals else "-")
+        lines.append("| test EM | " + " | ".join(spread) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "sealed")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    world = load_config(args.config, args.overrides).data.synthetic
+    if world.seed in world.tuning_seeds:
+        raise ConfigError(f"data.synthetic.seed={world.seed} is a tuning world: the headline "
+                          "is measured on a sealed one")
+    args.work.mkdir(parents=True, exist_ok=True)
+    runs: dict[int, dict[str, Any]] = {}
+    for seed in args.seeds:
+        dest = args.work / f"figures_seed{seed}"
+        if not (dest / "seconds.json").is_file():
+            _collect(args.work, seed, _run(args.config, seed, args.work, args.overrides))
+        runs[seed] = _figures(dest)
+        print(f"seed {seed}: trained {runs[seed]['em']['trained']['mean']:.3f} "
+              f"({runs[seed]['decision']})", flush=True)
+    table = _table(runs)
+    print(table)
+    if args.out is not None:
+        args.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
