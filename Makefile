@@ -26,8 +26,11 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# Exit 1 is the gate's NO-GO: a finished run with a decision, not a failed demo.
 demo: install  ## the whole pipeline on the embedded default (tiny model, bundled data, CPU)
-	$(BIN)/python flows/pipeline.py --config configs/tiny.yaml
+	$(BIN)/python flows/pipeline.py --config configs/tiny.yaml; rc=$$?; \
+	  if [ $$rc -eq 1 ]; then echo "demo finished: the gate decided NO-GO (exit 1), see the report"; \
+	  else exit $$rc; fi
 
 test: install  ## the default test run (slow tests excluded)
 	$(BIN)/python -m pytest -q

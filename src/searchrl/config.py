@@ -233,6 +233,9 @@ class ValidateConfig(_Section):
         "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
         "person_birth_country", "org_founder_birth_city", "org_hq_country",
         "org_founder_birth_country", "person_birth_country_capital",
+        # the reading world's further types (searchrl.data.reading_world.READING_TYPES)
+        "person_birth_year", "org_founded_year", "org_founder_birth_year",
+        "compare_org_founded", "compare_person_born",
     )
     # Token-set Jaccard of normalised questions at/above which train vs eval is leakage.
     near_duplicate_threshold: float = Field(0.9, gt=0.0, le=1.0)

@@ -146,3 +146,9 @@ def test_every_gold_chain_is_retrievable_at_top_1(world: ReadingWorld) -> None:
         searches = [t.split("<search>")[1].split("</search>")[0].strip()
                     for t, _ in demo.segments if "<search>" in t]
         assert searches == list(by_id[demo.example_id].search_queries)
+
+
+def test_no_question_is_asked_twice(world: ReadingWorld) -> None:
+    """Validation quarantines duplicates; the generator must not make them."""
+    questions = [ex.question for rows in world.splits.values() for ex in rows]
+    assert len(questions) == len(set(questions))

@@ -392,21 +392,25 @@ def _comparisons(world: ReadingWorld, rng: random.Random, per_split: int) -> lis
     """Pairs within one split (both anchors), distinct years; `per_split` of each kind."""
     out: list[_Candidate] = []
     doc = world.doc_of
+    pairs: set[frozenset[str]] = set()  # a pair is asked once (validation flags duplicates)
     for split in ("train", "dev", "test"):
         orgs = [o for o in world.organisations if world.split_of[o.name] == split]
         people = [p for p in world.persons if world.split_of[p.title] == split]
         for _ in range(per_split if len(orgs) > 1 else 0):
             a, b = rng.sample(orgs, 2)
-            if a.year == b.year:
+            if a.year == b.year or frozenset((a.name, b.name)) in pairs:
                 continue
+            pairs.add(frozenset((a.name, b.name)))
             out.append(_Candidate(
                 (a.name, b.name), 2, "compare_org_founded", (a.name, b.name),
                 (doc[a.name], doc[b.name]), (a.name, b.name),
                 a.name if a.year < b.year else b.name, ("comparison",)))
         for _ in range(per_split if len(people) > 1 else 0):
             pa, pb = rng.sample(people, 2)
-            if pa.year == pb.year or pa.name == pb.name:
+            if (pa.year == pb.year or pa.name == pb.name
+                    or frozenset((pa.title, pb.title)) in pairs):
                 continue
+            pairs.add(frozenset((pa.title, pb.title)))
             slices = ("comparison", *(["namesake"] if pa.namesake or pb.namesake else []))
             out.append(_Candidate(
                 (pa.title, pb.title), 2, "compare_person_born", (pa.mention, pb.mention),
