@@ -11,7 +11,8 @@ from searchrl.config import TinyModelConfig
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.rl.prompts import build_prompt
 
-WORDS = [f"w{i}" for i in range(60)]
+# Letters only: the tokenizer splits digits one by one, so "w11" would be three tokens.
+WORDS = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(60)]
 DEMO = ("{prompt}<think> look up {a} </think><search> {a} </search>\n<information>Doc 1 "
         "{a} is {b}</information>\n<think> then {b} </think><search> {b} </search>\n"
         "<information>Doc 1 {b} is {c}</information>\n<answer> {c} </answer><eos>")

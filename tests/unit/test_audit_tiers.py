@@ -73,7 +73,8 @@ def planted_world(n_planted: int = 10, seed: int = 0
       answer is in a supporting passage and the gold is not in what was read); a city named
       nowhere in what was read.
     """
-    world = generate_world(SyntheticWorldConfig(seed=seed, n_train=20, n_dev=10, n_test=90))
+    world = generate_world(SyntheticWorldConfig(profile="classic", seed=seed, n_train=20,
+                                                n_dev=10, n_test=90))
     texts = _passage_text(world)
     title = {p.id: p.title for p in world.passages}
     rng = random.Random(seed)

@@ -206,7 +206,7 @@ def test_real_rollouts_of_a_searching_policy_round_trip_and_mask_their_passages(
 
     class Searcher:
         def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
-            return [[SearchHit(f"d-{q}", None, f"{q} is w{len(q) % 50}", 1.0)]
+            return [[SearchHit(f"d-{q}", None, f"{q} is {WORDS[len(q) % 50]}", 1.0)]
                     for q in queries]
 
     tok = demo_tokenizer()
