@@ -137,7 +137,9 @@ def test_a_killed_rank_or_stage_leaves_no_rank_running_and_the_rerun_resumes(
     # faster CI machine's SIGKILLed run saved step 10 and the next wait never ended).
     steps = 40
     args = ["train", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}",
-            f"train.steps={steps}", "train.checkpoint_every=2", "train.keep_checkpoints=4"]
+            f"train.steps={steps}", "train.checkpoint_every=2", "train.keep_checkpoints=4",
+            # every step runs: the demo's early stop (dev eval every 10) could end it at 30
+            "train.early_stop_patience=0"]
     ckpts = copy / "train_policy" / "checkpoints"
 
     def newest() -> int:
