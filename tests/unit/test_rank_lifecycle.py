@@ -139,7 +139,7 @@ def test_stop_group_leaves_nothing_even_a_process_ignoring_sigterm() -> None:
     started = time.monotonic()
     stop_group(proc, grace_s=1.0)
     assert group_members(proc.pid) == [] and proc.returncode == -signal.SIGKILL
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # grace 1 s; the rest is a loaded machine's slack
 
 
 # --- what the ranks are started with

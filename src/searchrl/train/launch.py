@@ -62,6 +62,7 @@ SECRETS_FILE = "secrets.env"
 _SECRET_WORDS = frozenset({"TOKEN", "PASSWORD", "SECRET", "KEY"})
 _TAIL_LINES = 25
 _STOP_GRACE_S = 30.0  # DeepSpeed's runner stops remote ranks (pdsh kill) within a few seconds
+_KILL_WAIT_S = 30.0  # after SIGKILL: the kernel frees a killed process within this, even loaded
 _WATCH_INTERVAL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
@@ -320,7 +321,19 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = _STOP_GRACE_S) ->
             time.sleep(0.1)
         else:
             _signal_group(pgid, signal.SIGKILL)
+            # SIGKILL is delivered asynchronously (a loaded machine may take a while to run
+            # the exits): return only when no member is left, so callers may trust "stopped".
+            _wait_group_gone(pgid, _KILL_WAIT_S)
     proc.wait()
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:  # still there after SIGKILL: stuck in the kernel (D state); say so, never hide it
+        raise RuntimeError(
+            f"process group {pgid}: pids {left} survived SIGKILL for {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager
