@@ -686,7 +686,7 @@ def _curriculum_cost(config: PipelineConfig) -> str:
 class Stage:
     """One stage: its function and the inputs outside its references that it reads
     (fingerprinted into the cache key). The config values its result depends on are
-    `config.inputs_of(name)`: declared per field in searchrl/config.py."""
+    `config.inputs_of(name)`: declared per field in searchrl/config/."""
 
     name: str
     run: Callable[..., Any]

@@ -1,4 +1,4 @@
-"""The one declaration of what each result depends on (searchrl/config.py): every field is
+"""The one declaration of what each result depends on (searchrl/config/): every field is
 declared, operational fields key nothing, and each kind of setting reaches exactly the results
 that read it."""
 
@@ -15,7 +15,7 @@ from searchrl.config import (
     RESULTS,
     STAGE_NAMES,
     PipelineConfig,
-    _Section,
+    Section,
     field_shapes,
     load_config,
 )
@@ -40,11 +40,11 @@ def _changed(*overrides: str) -> set[str]:
     return {r for r in RESULTS if a[r] != b[r]}
 
 
-def _sections(model: type[BaseModel]) -> list[type[_Section]]:
-    found: list[type[_Section]] = []
+def _sections(model: type[BaseModel]) -> list[type[Section]]:
+    found: list[type[Section]] = []
     for info in model.model_fields.values():
         for arg in (info.annotation, *getattr(info.annotation, "__args__", ())):
-            if isinstance(arg, type) and issubclass(arg, _Section) and arg not in found:
+            if isinstance(arg, type) and issubclass(arg, Section) and arg not in found:
                 found += [arg, *_sections(arg)]
     return found
 
@@ -58,7 +58,7 @@ def test_every_top_level_section_declares_what_it_shapes() -> None:
     # Nothing inherits a declaration by accident: each section of the YAML says it.
     for name, info in PipelineConfig.model_fields.items():
         section = info.annotation
-        assert isinstance(section, type) and issubclass(section, _Section), name
+        assert isinstance(section, type) and issubclass(section, Section), name
         assert section.SHAPES is not None, f"{section.__name__} declares no SHAPES"
 
 

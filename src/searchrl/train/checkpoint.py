@@ -282,7 +282,7 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
 def run_identity(config: PipelineConfig, questions: Sequence[QAExample], init_dir: Path,
                  n_ranks: int, *, init_key_file: Path) -> str:
     """What a checkpoint must match to be resumed: the settings that shape the training run
-    (`config.inputs_of("train_run")`: declared per field in searchrl/config.py), the start
+    (`config.inputs_of("train_run")`: declared per field in searchrl/config/), the start
     policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
     sizes), the questions' content in order (gold answers included: a corrected label is
     another run) and the number of ranks. A sha256 hex digest."""
