@@ -8,6 +8,9 @@ Stages, in order (each a task in `tasks/`, each an MLflow child run of one paren
 4. train_policy: DeepSpeed GRPO with masked multi-turn search rollouts   (tasks/train.py)
 5. evaluate_policy: EM/F1, searches, by hop count, baselines, label audit (tasks/evaluate.py)
 6. decide_go_no_go: cost-payback model, gate, report; registers on GO    (tasks/gate.py)
+Then retention (the config's `retention:`) prunes old runs, registry versions, superseded
+checkpoints and embedding-cache shards, never what the champion or a rollback needs
+(searchrl/weekly/retention.py).
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
 Prefect also gets the decision as a keyed markdown artifact and events for automations (GO /
@@ -42,6 +45,7 @@ from searchrl.tracking import (  # noqa: E402
     resolve_tracking_uri,
     start_parent_run,
 )
+from searchrl.weekly.retention import prune_after_run  # noqa: E402
 from tasks.curriculum import filter_curriculum  # noqa: E402
 from tasks.evaluate import evaluate_policy  # noqa: E402
 from tasks.events import announce_new_suspects, publish_decision  # noqa: E402
@@ -77,6 +81,7 @@ def pipeline(config_path: str = "configs/tiny.yaml",
         end_run(uri, parent.run_id, "FAILED")
         raise
     end_run(uri, parent.run_id, "FINISHED")
+    prune_after_run(config, uri)  # retention: keeps what a rollback or the next run needs
     print(f"decision: {decision.label}" + "".join(f"\n  - {r}" for r in decision.reasons))
     return {"parent_run_id": parent.run_id, "tracking_uri": uri, "dataset": dataset,
             "index": index, "curriculum": curriculum, "checkpoint": checkpoint,

@@ -17,6 +17,10 @@ under `run.work_dir`.
     python -m searchrl rollback --reason TEXT --config ...
                                     # point the registry's champion back at its
                                     # previous-champion, recording why
+    python -m searchrl prune --config ... [--dry-run]
+                                    # retention (the config's `retention:`): delete old
+                                    # runs, versions, checkpoints, cache shards; --dry-run
+                                    # prints what it would delete and the bytes
     python -m searchrl apply-audit --decisions FILE [--steward NAME] --config ...
                                     # a steward's decisions on the label-noise audit's
                                     # suspect_labels*.jsonl -> validate.overrides_path
@@ -48,7 +52,7 @@ STAGE_COMMANDS = {"validate": "validate_gold_labels", "index": "build_index",
                   "curriculum": "filter_curriculum", "train": "train_policy",
                   "evaluate": "evaluate_policy", "gate": "decide_go_no_go"}
 COMMANDS = ["config", "generate-world", "prepare-data", "apply-audit", *STAGE_COMMANDS,
-            "train-rank", "rollback"]
+            "train-rank", "rollback", "prune"]
 
 
 def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
@@ -100,6 +104,8 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         return _train_rank(config, args)
     if command == "rollback":
         return _rollback(config, args)
+    if command == "prune":
+        return _prune(config, args)
     if command == "generate-world":
         from searchrl.data.synthetic import generate_world, write_world
         from searchrl.paths import StagePaths
@@ -151,6 +157,19 @@ def _rollback(config: PipelineConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _prune(config: PipelineConfig, args: argparse.Namespace) -> int:
+    """Apply (or with --dry-run, list) retention on the work dir, the tracking store and
+    Prefect's local result records; prints each deletion with its bytes, then the total."""
+    from searchrl.tracking import check_tracking_store, resolve_tracking_uri
+    from searchrl.weekly.retention import prefect_result_storage, prune
+
+    uri = resolve_tracking_uri(config.tracking.tracking_uri)
+    check_tracking_store(uri, config.tracking.connect_timeout_s)
+    plan = prune(config, uri, dry_run=args.dry_run, prefect_storage=prefect_result_storage())
+    print(plan.summary(dry_run=args.dry_run))
+    return 0
+
+
 def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
     """Merge decided audit rows into the overrides file; exit 1 when some conflict."""
     from searchrl.contracts.overrides import merge_audit_decisions
@@ -189,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="apply-audit: who decided (for rows that leave `steward` empty)")
     parser.add_argument("--reason", default=None,
                         help="rollback: why the champion is rolled back (recorded)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="prune: print what would be deleted and the bytes, delete nothing")
     parser.add_argument("--mlflow-run-id", default=None,
                         help="log the stage into this existing MLflow run")
     parser.add_argument("--local_rank", type=int, default=0,

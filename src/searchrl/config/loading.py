@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,28 +12,24 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from searchrl.config.base import ConfigError
+from searchrl.config.overrides import Override, parse_overrides, section_of
 from searchrl.config.pipeline import PipelineConfig
 
 
-def _parse_scalar(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict, returning a copy."""
+def apply_overrides(data: dict[str, Any], overrides: Sequence[Override]) -> dict[str, Any]:
+    """A copy of the nested dict `data` with each override's value set at its dotted key."""
     result: dict[str, Any] = json.loads(json.dumps(data))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key.sub=value")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
+    for override in overrides:
         node = result
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
+        for part in override.parts[:-1]:
+            child = node.get(part)
+            if child is None:  # absent, or `null` in the file (e.g. eval.frontier)
+                child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+                raise ConfigError(f"override {override.key}: {part!r} holds {child!r} in the "
+                                  "config file, not a section to set keys in")
             node = child
-        node[parts[-1]] = _parse_scalar(value)
+        node[override.parts[-1]] = override.value
     return result
 
 
@@ -42,14 +39,26 @@ def _valid_keys_at(loc: tuple[int | str, ...]) -> list[str]:
         field = next(
             (f for n, f in model.model_fields.items() if part in (n, f.alias)), None
         )
-        ann = getattr(field, "annotation", None) if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        section = section_of(field.annotation) if field else None
+        if section is None:
             return []
-        model = ann
+        model = section
     return sorted(f.alias or n for n, f in model.model_fields.items())
 
 
-def _format_errors(source: str, err: ValidationError) -> str:
+def _override_for(loc: tuple[int | str, ...],
+                  overrides: Sequence[Override]) -> Override | None:
+    """The last override that set `loc` or a value inside it (a section's own check), if any."""
+    path = tuple(str(p) for p in loc)
+    found = None
+    for override in overrides:
+        n = min(len(path), len(override.parts))
+        if path[:n] == override.parts[:n]:
+            found = override
+    return found
+
+
+def _format_errors(source: str, err: ValidationError, overrides: Sequence[Override]) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -60,25 +69,34 @@ def _format_errors(source: str, err: ValidationError) -> str:
             close = difflib.get_close_matches(str(loc[-1]), options, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             msg = f"unknown key{hint}; valid keys here: {', '.join(options)}"
-        elif "expected" in e.get("ctx", {}):
-            msg = f"{msg}"
+        elif e["type"] != "value_error" and not isinstance(e.get("input"), dict | list):
+            msg = f"{msg} (got {e.get('input')!r})"  # (a value error's message names it)
+        override = _override_for(loc, overrides)
+        if override is not None:
+            msg += (f"\n    from the override {override.key}={override.text}; expected "
+                    f"{override.expected()}, e.g. {override.example()}")
         lines.append(f"  {key}: {msg}")
     return "\n".join(lines)
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
-    """Load a YAML file, apply overrides, validate; ConfigError names the file and the key."""
+def load_config(path: str | Path, overrides: Sequence[str] | None = None) -> PipelineConfig:
+    """Load a YAML file, apply `key.sub=value` overrides, validate; ConfigError names the file,
+    the key, what was given and what is expected."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    checked = parse_overrides(PipelineConfig, overrides or [])
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read as UTF-8 text: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
-    data = apply_overrides(raw, overrides or [])
+    data = apply_overrides(raw, checked)
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(str(path), exc)) from exc
+        source = f"{path} with overrides" if checked else str(path)
+        raise ConfigError(_format_errors(source, exc, checked)) from None

@@ -16,6 +16,7 @@ from searchrl.config.gate import GateConfig
 from searchrl.config.index import IndexConfig
 from searchrl.config.model import ModelConfig
 from searchrl.config.reward import RewardConfig
+from searchrl.config.retention import RetentionConfig
 from searchrl.config.rollout import RolloutConfig
 from searchrl.config.run import RunConfig, TrackingConfig
 from searchrl.config.train import TrainConfig
@@ -35,6 +36,7 @@ class PipelineConfig(Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     gate: GateConfig = GateConfig()
+    retention: RetentionConfig = RetentionConfig()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

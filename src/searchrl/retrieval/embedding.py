@@ -325,4 +325,6 @@ def assemble(cache: EmbeddingCache, hashes: HashArray, out_path: Path) -> int:
         out[group] = vectors[rows[group]]
     out.flush()
     del out
+    for used in np.unique(files):  # last use: retention drops the least recently used shards
+        os.utime(table.paths[int(used)])
     return dim
