@@ -1,0 +1,388 @@
+"""Retention: what a weekly pipeline deletes so its disk plateaus, and what it never deletes.
+
+`plan_prune` lists every deletion `retention:` (searchrl/config/retention.py) asks for, with
+its bytes and why; `apply_prune` carries a plan out; `prune` does both holding the work dir's
+training lock. The flow prunes at the end of every run (flows/pipeline.py) and
+`python -m searchrl prune [--dry-run]` by hand.
+
+What is deleted:
+- registered model versions beyond the aliased ones, the newest `keep_challengers` and the
+  pinned ones (the registry entry and its logged policy);
+- MLflow parent runs ("weeks") beyond the newest `keep_weeks`, with their stage runs: marked
+  deleted, then purged with `mlflow gc` where the store is local (its own retention);
+- superseded training runs in the work dir beyond the newest `keep_weeks`, and in the kept
+  ones every checkpoint but the newest `checkpoints_per_run`;
+- embedding-cache shards beyond `embedding_cache_max_bytes`, least recently used first;
+- Prefect result records past their own expiration (the stage cache's `cache_expiration`).
+
+Never deleted: a version an alias points at (champion, previous-champion, challenger: what
+evaluation and a rollback read), the runs holding those versions' policies, a pinned run or
+version, a RUNNING MLflow run, and anything in the work dir while a run is in flight there (the
+training lock is held by another process, or a run is RUNNING in the experiment).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from searchrl.config import PipelineConfig
+from searchrl.paths import StagePaths
+
+SUPERSEDED_GLOB = "checkpoints.superseded-*"
+CHECKPOINTS = "checkpoints"  # stages.CHECKPOINTS (not imported: stages pulls in torch)
+EMBEDDING_CACHE = "embedding_cache"
+PINNED_TAG = "pinned"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    kind: str  # model version | mlflow run | superseded run | checkpoint | embedding shard | ...
+    target: str  # a path, `name vN`, or an MLflow run id
+    bytes: int
+    why: str
+    paths: tuple[str, ...] = ()  # local files or directories removed with it
+
+
+@dataclass
+class PrunePlan:
+    deletions: list[Deletion] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # protected, and why
+    skipped: list[str] = field(default_factory=list)  # parts not pruned, and why
+
+    @property
+    def bytes(self) -> int:
+        return sum(d.bytes for d in self.deletions)
+
+    def summary(self, dry_run: bool) -> str:
+        verb = "would delete" if dry_run else "deleted"
+        lines = [f"{verb} {d.kind} {d.target} ({_size(d.bytes)}): {d.why}"
+                 for d in self.deletions]
+        lines += [f"kept {k}" for k in self.kept] + [f"skipped {s}" for s in self.skipped]
+        lines.append(f"retention: {verb} {len(self.deletions)} items, {_size(self.bytes)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"bytes": self.bytes, "deletions": [vars(d) for d in self.deletions],
+                "kept": self.kept, "skipped": self.skipped}
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (a file's own size; 0 when absent)."""
+    if path.is_file():
+        return path.stat().st_size
+    if not path.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def local_path(uri: str) -> Path | None:
+    """The local directory of a `file:` URI (or a plain path), else None."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path))
+    return None
+
+
+# --- the work dir: superseded training runs and the embedding cache
+
+
+def _superseded(config: PipelineConfig) -> list[Deletion]:
+    train_dir = StagePaths(config.run.work_dir).train_dir
+    runs = sorted((p for p in train_dir.glob(SUPERSEDED_GLOB) if p.is_dir()),
+                  key=lambda p: p.name, reverse=True)  # the suffix is a timestamp
+    keep = config.retention.keep_weeks
+    out = [Deletion("superseded run", str(p), disk_bytes(p),
+                    f"older than the newest {keep} superseded training runs", (str(p),))
+           for p in runs[keep:]]
+    for run in runs[:keep]:
+        steps = sorted(p for p in run.glob("step_*") if p.is_dir())
+        cut = len(steps) - config.retention.checkpoints_per_run
+        out += [Deletion("checkpoint", str(p), disk_bytes(p),
+                         f"{run.name} keeps its newest {config.retention.checkpoints_per_run}",
+                         (str(p),)) for p in steps[:max(0, cut)]]
+    return out
+
+
+def _embedding_shards(config: PipelineConfig) -> list[Deletion]:
+    cap = config.retention.embedding_cache_max_bytes
+    root = StagePaths(config.run.work_dir).index_dir / EMBEDDING_CACHE
+    if cap is None or not root.is_dir():
+        return []
+    shards = []  # (last used, hashes file, vectors file, bytes)
+    for hashes in root.glob("*/shard-*.hashes.npy"):
+        vectors = hashes.with_name(hashes.name.removesuffix(".hashes.npy") + ".vectors.npy")
+        size = disk_bytes(hashes) + disk_bytes(vectors)
+        shards.append((hashes.stat().st_mtime, hashes, vectors, size))
+    total = disk_bytes(root)
+    out = []
+    for _, hashes, vectors, size in sorted(shards, key=lambda s: (s[0], s[1].name)):
+        if total <= cap:
+            break
+        total -= size
+        out.append(Deletion("embedding shard", str(hashes.with_name(
+            hashes.name.removesuffix(".hashes.npy"))), size,
+            f"cache over {_size(cap)}: least recently used first",
+            (str(hashes), str(vectors))))  # the hashes file first: a shard without it is
+        # invisible to the cache, so a half-removed shard is never read
+    return out
+
+
+def _in_flight_work_dir(runs: list[dict[str, object]], stale_hours: float) -> str | None:
+    now = time.time() * 1000
+    for run in runs:
+        started = float(run["start_time"] or 0)  # type: ignore[arg-type]
+        if run["status"] == "RUNNING" and now - started < stale_hours * 3600e3:
+            return f"MLflow run {run['run_id']} is RUNNING"
+    return None
+
+
+# --- MLflow: registered versions and runs
+
+
+def _mlflow_plan(config: PipelineConfig, uri: str, plan: PrunePlan
+                 ) -> list[dict[str, object]]:
+    """Add the registry's and the experiment's deletions to `plan`; return the runs (for the
+    in-flight check)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from searchrl.tracking import PARENT_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    pinned = {p.removeprefix("v") for p in config.retention.pinned}
+    protected_runs: dict[str, str] = {}  # run id -> why
+    name = config.registry_model_name
+    try:
+        versions = list(client.search_model_versions(f"name = '{name}'"))
+    except mlflow.exceptions.MlflowException:
+        versions = []
+    aliases: dict[str, list[str]] = {}
+    try:
+        for alias, version in client.get_registered_model(name).aliases.items():
+            aliases.setdefault(str(version), []).append(alias)
+    except mlflow.exceptions.MlflowException:
+        pass
+    newest = sorted(versions, key=lambda v: int(v.version), reverse=True)
+    recent = {str(v.version) for v in newest[:config.retention.keep_challengers]}
+    kept_sources: list[str] = []  # a kept version's artifact is never deleted with another
+    dropped = []
+    for mv in newest:
+        version = str(mv.version)
+        why = ([f"alias {a}" for a in sorted(aliases.get(version, []))]
+               + (["pinned"] if version in pinned
+                  or str(mv.tags.get(PINNED_TAG, "")).lower() == "true" else [])
+               + ([f"one of the newest {config.retention.keep_challengers}"]
+                  if version in recent else []))
+        if why:
+            plan.kept.append(f"model version {name} v{version} ({', '.join(why)})")
+            if mv.run_id:
+                protected_runs[str(mv.run_id)] = f"holds {name} v{version}"
+            kept_sources.append(str(mv.source).rstrip("/"))
+            continue
+        dropped.append(mv)
+    for mv in dropped:
+        source = local_path(str(mv.source))
+        shared = any(str(mv.source).rstrip("/") == k for k in kept_sources)
+        gone = source if source is not None and source.exists() and not shared else None
+        plan.deletions.append(Deletion(
+            "model version", f"{name} v{mv.version}", disk_bytes(gone) if gone else 0,
+            "no alias, not pinned, older than the newest "
+            f"{config.retention.keep_challengers}", (str(gone),) if gone else ()))
+    experiment = client.get_experiment_by_name(config.tracking.experiment)
+    if experiment is None:
+        return []
+    found = client.search_runs([experiment.experiment_id], max_results=50_000,
+                               order_by=["attributes.start_time DESC"])
+    runs = [{"run_id": r.info.run_id, "status": r.info.status,
+             "start_time": r.info.start_time, "parent": r.data.tags.get(PARENT_TAG),
+             "artifacts": r.info.artifact_uri} for r in found]
+    by_parent: dict[str, list[dict[str, object]]] = {}
+    for run in runs:
+        if run["parent"]:
+            by_parent.setdefault(str(run["parent"]), []).append(run)
+    # The run whose artifacts hold a kept version's policy (the training run's, where the
+    # gate registered that one), then a protected stage run's whole week.
+    for run in runs:
+        root = str(run["artifacts"]).rstrip("/") + "/"
+        holder = next((k for k in kept_sources if k.startswith(root)), None)
+        if holder is not None:
+            protected_runs.setdefault(str(run["run_id"]), f"holds the policy {holder}")
+    for run in runs:
+        if run["run_id"] in protected_runs and run["parent"]:
+            protected_runs.setdefault(str(run["parent"]), protected_runs[str(run["run_id"])])
+    parents = [r for r in runs if not r["parent"]]
+    keep = config.retention.keep_weeks
+    for n, parent in enumerate(parents):
+        rid = str(parent["run_id"])
+        week = [parent, *by_parent.get(rid, [])]
+        reasons = ([f"one of the newest {keep} runs"] if n < keep else []) \
+            + (["pinned"] if rid in pinned else []) \
+            + ([protected_runs[rid]] if rid in protected_runs else []) \
+            + (["RUNNING"] if any(r["status"] == "RUNNING" for r in week) else [])
+        if reasons:
+            if n >= keep:
+                plan.kept.append(f"MLflow run {rid} ({', '.join(reasons)})")
+            continue
+        for run in week:
+            artifacts = local_path(str(run["artifacts"]))
+            size = disk_bytes(artifacts) if artifacts is not None else 0
+            size -= sum(d.bytes for d in plan.deletions if d.kind == "model version"
+                        and any(p.startswith(str(artifacts) + "/") for p in d.paths)
+                        ) if artifacts is not None else 0  # counted with its version
+            plan.deletions.append(Deletion(
+                "mlflow run", str(run["run_id"]), size,
+                f"week older than the newest {keep}" + (" (stage run)" if run["parent"]
+                                                        else " (parent run)")))
+    return runs
+
+
+def _gc_runs(uri: str, run_ids: list[str]) -> None:
+    """Purge deleted runs (their rows and artifacts) from a local store with `mlflow gc`,
+    MLflow's own retention; a tracking server purges on its own schedule."""
+    if not run_ids or not uri.startswith("sqlite:"):
+        return
+    import subprocess
+    import sys
+
+    # Its own process: `mlflow gc` sets the process-wide tracking URI.
+    done = subprocess.run([sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", uri,
+                           "--tracking-uri", uri, "--run-ids", ",".join(run_ids)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"mlflow gc --backend-store-uri {uri} failed (the runs stay marked "
+                           f"deleted; `mlflow gc` purges them later): {done.stderr[-2000:]}")
+
+
+# --- Prefect's result records
+
+
+def _expired_results(storage: Path | None) -> list[Deletion]:
+    if storage is None or not storage.is_dir():
+        return []
+    now = datetime.now(UTC)
+    out = []
+    for record in storage.iterdir():
+        if not record.is_file():
+            continue
+        try:
+            expiration = json.loads(record.read_text())["metadata"].get("expiration")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a result record Prefect wrote: not ours to judge
+        if expiration and datetime.fromisoformat(expiration) < now:
+            out.append(Deletion("prefect result", str(record), disk_bytes(record),
+                                f"expired {expiration}", (str(record),)))
+    return out
+
+
+def prefect_result_storage() -> Path:
+    """Where Prefect keeps result records here ($PREFECT_LOCAL_STORAGE_PATH or its default)."""
+    from prefect.settings import get_current_settings
+
+    return Path(get_current_settings().results.local_storage_path)
+
+
+# --- plan, apply
+
+
+def plan_prune(config: PipelineConfig, uri: str | None, *,
+               prefect_storage: Path | None = None, work_dir_in_flight: str | None = None
+               ) -> PrunePlan:
+    """What retention would delete now (nothing is touched)."""
+    plan = PrunePlan()
+    runs = _mlflow_plan(config, uri, plan) if uri else []
+    in_flight = work_dir_in_flight or _in_flight_work_dir(
+        runs, config.retention.running_stale_hours)
+    if in_flight:
+        plan.skipped.append(f"the work dir {config.run.work_dir}: a run is in flight "
+                            f"({in_flight})")
+    else:
+        plan.deletions += _superseded(config) + _embedding_shards(config)
+    if config.retention.prefect_expired_results:
+        plan.deletions += _expired_results(prefect_storage)
+    return plan
+
+
+def _remove(paths: Iterable[str]) -> None:
+    for p in map(Path, paths):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def apply_prune(plan: PrunePlan, uri: str | None) -> None:
+    """Carry out `plan`: registry entries and runs through MLflow, files from the disk."""
+    run_ids = [d.target for d in plan.deletions if d.kind == "mlflow run"]
+    versions = [d for d in plan.deletions if d.kind == "model version"]
+    if uri and (run_ids or versions):
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        for d in versions:
+            name, _, version = d.target.rpartition(" v")
+            client.delete_model_version(name, version)
+        for run_id in run_ids:
+            client.delete_run(run_id)
+        _gc_runs(uri, run_ids)
+    for d in plan.deletions:
+        _remove(d.paths)
+
+
+def prune(config: PipelineConfig, uri: str | None, *, dry_run: bool = False,
+          prefect_storage: Path | None = None) -> PrunePlan:
+    """Plan and (unless `dry_run`) apply retention, holding the work dir's training lock so
+    no training starts in it meanwhile; a lock held elsewhere marks the work dir in flight."""
+    from searchrl.train.checkpoint import CheckpointLockError, checkpoint_dir_lock
+
+    train_dir = StagePaths(config.run.work_dir).train_dir
+    if not train_dir.is_dir():  # nothing trained here yet: no lock to take (nor to create)
+        plan = plan_prune(config, uri, prefect_storage=prefect_storage)
+        if not dry_run:
+            apply_prune(plan, uri)
+        return plan
+    try:
+        with checkpoint_dir_lock(train_dir / CHECKPOINTS):
+            plan = plan_prune(config, uri, prefect_storage=prefect_storage)
+            if not dry_run:
+                apply_prune(plan, uri)
+            return plan
+    except CheckpointLockError as exc:
+        plan = plan_prune(config, uri, prefect_storage=prefect_storage,
+                          work_dir_in_flight=str(exc))
+        if not dry_run:
+            apply_prune(plan, uri)
+        return plan
+
+
+def prune_after_run(config: PipelineConfig, uri: str) -> PrunePlan | None:
+    """The flow's retention step, after its decision: prune, print what went; a failure is
+    logged, never the run's (its decision and artifacts already stand)."""
+    if not config.retention.enabled:
+        return None
+    try:
+        plan = prune(config, uri, prefect_storage=prefect_result_storage())
+    except Exception as exc:  # housekeeping: the week's result is already recorded
+        log.warning("retention failed (the run's results stand; run `python -m searchrl "
+                    "prune --dry-run` to see what it would delete): %s", exc)
+        return None
+    print(plan.summary(dry_run=False).splitlines()[-1])
+    return plan
