@@ -55,7 +55,20 @@ from tasks.train import train_policy  # noqa: E402
 from tasks.validate import validate_gold_labels  # noqa: E402
 
 
-@flow(name="searchrl-pipeline", log_prints=True)
+def _run_name() -> str:
+    """The flow run's name: the config's `run.name`, which notifications and the UI show
+    (prefect-automations.yaml). A config that does not load fails the run right after."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    config_path = str(params.get("config_path") or "configs/tiny.yaml")
+    try:
+        return load_config(config_path, list(params.get("overrides") or [])).run.name
+    except Exception:
+        return Path(config_path).stem
+
+
+@flow(name="searchrl-pipeline", flow_run_name=_run_name, log_prints=True)
 def pipeline(config_path: str = "configs/tiny.yaml",
              overrides: list[str] | None = None) -> dict[str, Any]:
     config = load_config(config_path, overrides or [])

@@ -5,6 +5,8 @@ Events (resource `searchrl.pipeline.<run.name>`, payload as listed):
 
     searchrl.decision.go / .no-go      the gate's decision: reasons, figures, report path
     searchrl.quarantine.over-threshold validation stopped: the message, the report paths
+    searchrl.data.drift                validation warned that the gold set drifted from the
+                                       champion's (validate.drift_warn_fraction): the warnings
     searchrl.audit.gold-likely-wrong   evaluation found suspects no earlier run reported
     searchrl.stage.failed              a stage task failed (resource `searchrl.stage.<name>`)
     searchrl.gold-set.updated          the steward CLIs (`apply-audit`, `prepare-data`) post
@@ -12,11 +14,18 @@ Events (resource `searchrl.pipeline.<run.name>`, payload as listed):
                                        (`searchrl.notify`); prefect.yaml's trigger runs the
                                        pipeline on it
 
+Payloads that name a report carry `report_url`: under $SEARCHRL_REPORTS_URL (where a team
+serves `run.work_dir`, e.g. a web server or bucket) when set, else the file's URI. The
+notifications a person gets for these (and for failed or crashed runs, from Prefect's own
+flow-run events): prefect-automations.yaml, installed by flows/automations.py.
+
 An event that cannot be sent is logged by Prefect and never fails the run.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -28,9 +37,22 @@ from searchrl.config import PipelineConfig
 from searchrl.eval.audit import new_gold_suspects
 from searchrl.eval.run import TRAIN_SUSPECTS_FILE
 from searchrl.paths import StagePaths
-from searchrl.types import Decision, EvalRef
+from searchrl.types import DatasetRef, Decision, EvalRef
 
 SUSPECTS_SHOWN = 20
+REPORTS_URL_ENV = "SEARCHRL_REPORTS_URL"
+
+
+def report_url(path: str | Path | None, work_dir: Path) -> str | None:
+    """A link to a report: $SEARCHRL_REPORTS_URL + its path under the work dir, else its URI."""
+    if path is None:
+        return None
+    resolved = Path(path).resolve()
+    base = os.environ.get(REPORTS_URL_ENV)
+    root = Path(work_dir).resolve()
+    if base and resolved.is_relative_to(root):
+        return base.rstrip("/") + "/" + resolved.relative_to(root).as_posix()
+    return resolved.as_uri()
 
 
 def pipeline_resource(config: PipelineConfig) -> dict[str, str]:
@@ -67,14 +89,38 @@ def publish_decision(config: PipelineConfig, decision: Decision) -> None:
                              description=f"searchrl go/no-go decision: {decision.label}")
     emit_event(f"searchrl.decision.{decision.label.lower()}", pipeline_resource(config),
                payload={"go": decision.go, "reasons": list(decision.reasons),
-                        "figures": dict(decision.figures), "report_html": decision.report_html})
+                        "figures": dict(decision.figures), "report_html": decision.report_html,
+                        "report_url": report_url(decision.report_html, config.run.work_dir)})
 
 
 def quarantine_over_threshold(config: PipelineConfig, message: str,
                               report_paths: tuple[Path, ...]) -> None:
     emit_event("searchrl.quarantine.over-threshold", pipeline_resource(config),
                payload={"message": message, "reports": [str(p) for p in report_paths],
-                        "max_quarantine_fraction": config.validate_.max_quarantine_fraction})
+                        "max_quarantine_fraction": config.validate_.max_quarantine_fraction,
+                        "report_url": report_url(_html(report_paths), config.run.work_dir)})
+
+
+def _html(paths: tuple[Path, ...]) -> Path | None:
+    return next((p for p in paths if p.suffix == ".html"), None)
+
+
+def announce_drift(config: PipelineConfig, dataset: DatasetRef) -> list[str]:
+    """A `searchrl.data.drift` event when validation's audit (audit.json beside the report)
+    holds drift warnings; the warnings."""
+    audit_path = Path(dataset.report_path or "").parent / "audit.json"
+    if dataset.report_path is None or not audit_path.is_file():
+        return []
+    audit = json.loads(audit_path.read_text(encoding="utf-8"))
+    warnings: list[str] = list((audit.get("drift") or {}).get("warnings") or [])
+    if warnings:
+        emit_event("searchrl.data.drift", pipeline_resource(config),
+                   payload={"message": "\n".join(warnings), "warnings": warnings,
+                            "drift_warn_fraction": config.validate_.drift_warn_fraction,
+                            "report_html": dataset.report_path,
+                            "report_url": report_url(dataset.report_path,
+                                                     config.run.work_dir)})
+    return warnings
 
 
 def announce_new_suspects(config: PipelineConfig, evaluation: EvalRef) -> list[dict[str, Any]]:

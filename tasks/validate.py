@@ -14,7 +14,7 @@ from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.tracking import stage_run
 from searchrl.types import DatasetRef
 from tasks._common import TASK_DEFAULTS, stage_cache_policy
-from tasks.events import quarantine_over_threshold
+from tasks.events import announce_drift, quarantine_over_threshold
 
 
 @task(name="validate_gold_labels",
@@ -23,7 +23,9 @@ def validate_gold_labels(config: PipelineConfig, tracking_uri: str | None,
                          parent_run_id: str | None) -> DatasetRef:
     with stage_run(tracking_uri, parent_run_id, "validate_gold_labels") as sink:
         try:
-            return stages.validate_gold_labels(config, sink)
+            dataset = stages.validate_gold_labels(config, sink)
         except QuarantineThresholdError as exc:
             quarantine_over_threshold(config, str(exc), exc.report_paths)
             raise
+    announce_drift(config, dataset)  # a cached result was announced when it was made
+    return dataset

@@ -1,0 +1,197 @@
+"""Notifications arrive: the automations in prefect-automations.yaml, installed by
+flows/automations.py on Prefect's test server with a webhook channel, send a local HTTP
+receiver a message (run name, decision or state, report link) for a NO-GO, a run failed
+outside its stages, a crashed run, quarantine over threshold and gold-set drift. The test
+server runs Prefect's triggers and actions services (they run in ephemeral servers too), so
+the automations act as on a real server, within a second or two."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+from flows.automations import AUTOMATIONS_FILE, load_automations, main
+from searchrl.config import PipelineConfig
+from searchrl.contracts.validate import QuarantineThresholdError
+from searchrl.types import Decision
+from tasks.events import REPORTS_URL_ENV, publish_decision
+from tasks.validate import validate_gold_labels
+from tests.contracts.conftest import DEFECTS, make_defects_config
+from tests.contracts.test_drift import _config as drift_config
+from tests.contracts.test_drift import _edit_world
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+NAMES = [a.name for a in load_automations(AUTOMATIONS_FILE, UUID(int=0))]
+
+
+class Receiver:
+    """A webhook endpoint on 127.0.0.1 that keeps every JSON body posted to it."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with outer._changed:
+                    outer.messages.append(json.loads(body or b"{}"))
+                    outer._changed.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, match: Callable[[dict[str, Any]], bool],
+                 timeout_s: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                found = [m for m in self.messages if match(m)]
+                if found:
+                    return found[0]
+                left = deadline - time.monotonic()
+                assert left > 0, f"no matching message in {timeout_s} s; got {self.messages}"
+                self._changed.wait(left)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    """The receiver, with the automations installed to post to it (twice: idempotent);
+    removed again afterwards, so other tests' events notify nobody."""
+    hook = Receiver()
+    try:
+        assert main(["--url", hook.url]) == 0
+        assert main(["--url", hook.url]) == 0
+        yield hook
+    finally:
+        with get_client(sync_client=True) as client:
+            for name in NAMES:
+                for automation in client.read_automations_by_name(name):
+                    client.delete_automation(automation.id)
+        hook.close()
+
+
+def _about(run: str, what: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda m: f"searchrl {run}: {what}" in m.get("subject", "")
+
+
+def test_installing_twice_leaves_one_of_each(receiver: Receiver,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with get_client(sync_client=True) as client:
+        found = {name: client.read_automations_by_name(name) for name in NAMES}
+    assert {n: len(a) for n, a in found.items()} == dict.fromkeys(NAMES, 1)
+    assert set(NAMES) == {"searchrl-no-go", "searchrl-run-failed", "searchrl-data"}
+    assert all(a[0].enabled for a in found.values())
+
+
+def test_bad_file_or_no_channel_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "automations.yaml"
+    bad.write_text("automations:\n  - name: x\n    trigger: {type: event, posture: Sideways}\n"
+                   "    actions: []\n")
+    assert main(["--file", str(bad), "--dry-run"]) == 2
+    assert "automations.yaml: automation 1 ('x'): field 'trigger" in capsys.readouterr().err
+    monkeypatch.delenv("SEARCHRL_NOTIFY_URL", raising=False)
+    assert main([]) == 2
+    assert "no channel: set $SEARCHRL_NOTIFY_URL" in capsys.readouterr().err
+    assert main(["--url", "http://x", "--channel", "pigeon"]) == 2
+    assert "'pigeon' is not one of" in capsys.readouterr().err
+
+
+def test_no_go_arrives_with_reasons_and_report_link(receiver: Receiver, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "run"
+    report = work / "gate" / "report.html"
+    report.parent.mkdir(parents=True)
+    report.write_text("<html></html>")
+    monkeypatch.setenv(REPORTS_URL_ENV, "https://reports.example/searchrl/")
+    config = PipelineConfig.model_validate({"run": {"name": "notify-no-go",
+                                                    "work_dir": str(work)}})
+    decision = Decision(go=False, reasons=("trained EM not above scripted",),
+                        report_html=str(report))
+
+    @flow
+    def decide() -> None:
+        publish_decision(config, decision)
+
+    decide()
+    message = receiver.wait_for(_about("notify-no-go", "NO-GO"))
+    assert "Run notify-no-go: decision NO-GO" in message["body"]
+    assert "Reasons: trained EM not above scripted" in message["body"]
+    assert "Report: https://reports.example/searchrl/gate/report.html" in message["body"]
+    assert message["source"] == "searchrl-notify"
+
+
+def test_failure_outside_the_stages_arrives(receiver: Receiver, tmp_path: Path) -> None:
+    """The real pipeline flow, its tracking store unreachable: it fails before any stage."""
+    from flows.pipeline import pipeline
+
+    overrides = ["run.name=notify-failed", f"run.work_dir={tmp_path / 'run'}",
+                 "tracking.tracking_uri=http://127.0.0.1:9", "tracking.connect_timeout_s=1"]
+    with pytest.raises(Exception, match=r"127\.0\.0\.1:9"):
+        pipeline(config_path="configs/tiny.yaml", overrides=overrides)
+    message = receiver.wait_for(_about("notify-failed", "Failed"))
+    assert "127.0.0.1:9" in message["body"] and "the champion stays" in message["body"]
+
+
+def test_crashed_run_arrives(receiver: Receiver) -> None:
+    """A run ended by SIGTERM (flows/pipeline.py turns it into SystemExit) is Crashed."""
+
+    @flow(name="searchrl-pipeline", flow_run_name="notify-crashed")
+    def killed() -> None:
+        raise SystemExit(143)
+
+    with pytest.raises(SystemExit):
+        killed()
+    message = receiver.wait_for(_about("notify-crashed", "Crashed"))
+    assert "Run notify-crashed: Crashed" in message["body"]
+
+
+@flow
+def _validate(config: PipelineConfig) -> None:
+    validate_gold_labels(config, None, None)
+
+
+def test_quarantine_over_threshold_arrives(receiver: Receiver, tmp_path: Path) -> None:
+    with pytest.raises(QuarantineThresholdError):
+        _validate(make_defects_config(tmp_path, max_quarantine_fraction=0.01))
+    quarantine = receiver.wait_for(
+        _about("defects", "searchrl.quarantine.over-threshold"))
+    assert "validate.max_quarantine_fraction=0.01" in quarantine["body"]
+    assert "Report: file://" in quarantine["body"]
+    assert "audit_report.html" in quarantine["body"]
+
+
+@pytest.mark.slow  # two validations, ~10 s
+def test_drift_warning_arrives(receiver: Receiver, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DEFECTS, data)
+    _validate(drift_config(tmp_path, data))  # the reference gold set: no drift to tell
+    _edit_world(data)
+    _validate(drift_config(tmp_path, data, drift_warn_fraction=0.2))
+    drift = receiver.wait_for(_about("drift", "searchrl.data.drift"))
+    assert "qa 'train'" in drift["body"] and "drift_warn_fraction=0.2" in drift["body"]
+    assert "audit_report.html" in drift["body"]
