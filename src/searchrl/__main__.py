@@ -13,10 +13,12 @@ under `run.work_dir`.
     python -m searchrl train-rank --config ...     # one rank of stage 4: what the stage's
                                     # DeepSpeed launcher starts (train.launch.mode=deepspeed)
     python -m searchrl evaluate   --config ...     # stage 5
-    python -m searchrl gate       --config ...     # stage 6 (exit 0 on GO, 1 on NO-GO)
-    python -m searchrl rollback --reason TEXT --config ...
+    python -m searchrl gate       --config ...     # stage 6 (exit 0 on GO, 1 on NO-GO);
+                                    # gate.freeze_promotions=true: decide, never promote
+    python -m searchrl rollback --reason TEXT [--to VERSION] --config ...
                                     # point the registry's champion back at its
-                                    # previous-champion, recording why
+                                    # previous-champion (or at VERSION: a retry changes
+                                    # nothing), recording why
     python -m searchrl prune --config ... [--dry-run]
                                     # retention (the config's `retention:`): delete old
                                     # runs, versions, checkpoints, cache shards; --dry-run
@@ -152,7 +154,7 @@ def _rollback(config: PipelineConfig, args: argparse.Namespace) -> int:
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     check_tracking_store(uri, config.tracking.connect_timeout_s)
     done = rollback(uri, config.registry_model_name, args.reason,
-                    alias=config.gate.registry_alias)
+                    alias=config.gate.registry_alias, to_version=args.to)
     print(json.dumps(done, indent=2))
     return 0
 
@@ -210,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="rollback: why the champion is rolled back (recorded)")
     parser.add_argument("--dry-run", action="store_true",
                         help="prune: print what would be deleted and the bytes, delete nothing")
+    parser.add_argument("--to", default=None, metavar="VERSION",
+                        help="rollback: the registry version to make champion (idempotent)")
     parser.add_argument("--mlflow-run-id", default=None,
                         help="log the stage into this existing MLflow run")
     parser.add_argument("--local_rank", type=int, default=0,

@@ -46,6 +46,9 @@ EXIT_CODES: tuple[ExitCode, ...] = (
                  "retriever, re-run evaluate_policy)", ("GateInputError",)),
     ExitCode(11, "the model registry has no version to act on (rollback without a "
                  "previous-champion, or without a reason)", ("RegistryError",)),
+    ExitCode(12, "another process holds what this command changes (a stage dir, the "
+                 "overrides file): the message names it; wait for it or stop it, then re-run",
+             ("BusyError",)),
     ExitCode(BUG, "a bug: the traceback is printed"),
     ExitCode(143, "stopped by SIGTERM (128 + 15): the flow run is Crashed, its MLflow run "
                   "FAILED; a re-run resumes from the completed stages and checkpoints"),

@@ -49,6 +49,7 @@ from searchrl.data.sources import source_fingerprint
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
+from searchrl.locks import held
 from searchrl.paths import StagePaths
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes
 from searchrl.retrieval.provider import SearcherProvider, searchers_for
@@ -102,19 +103,43 @@ def ref_is_current(ref: object) -> bool:
         return False
 
 
+# The layout of ref.json (its fields and what they mean): bump it when a reference type
+# changes so that an older or newer file would be misread. A ref.json without the stamp was
+# written before it, in layout 1. A layout this release does not read is a stage to re-run,
+# never a guess (the Prefect cache needs no stamp: its key holds the code of searchrl.types).
+REF_FORMAT = 1
+READABLE_REF_FORMATS = frozenset({1})
+_FORMAT_KEY = "format_version"
+
+
 def write_ref(ref: StageRef, stage_dir: Path) -> None:
-    atomic_write_text(stage_dir / REF_FILE, json.dumps(dataclasses.asdict(ref), indent=2))
+    atomic_write_text(stage_dir / REF_FILE, json.dumps(
+        {_FORMAT_KEY: REF_FORMAT, **dataclasses.asdict(ref)}, indent=2))
 
 
 def read_ref(kind: type[R], stage_dir: Path, stage_cli: str) -> R:
-    """The reference a finished stage left in `stage_dir`, checked against the disk."""
+    """The reference a finished stage left in `stage_dir`, checked against the disk: a
+    StageInputError naming the file and the stage to re-run when it is missing, stale, or
+    written in a layout this release does not read."""
     path = stage_dir / REF_FILE
     if not path.is_file():
         raise StageInputError(f"{path} not found: run `python -m searchrl {stage_cli}` first")
-    data = json.loads(path.read_text())
-    if kind is Decision:
-        data["reasons"] = tuple(data["reasons"])
-    ref = kind(**data)
+    rerun = f"re-run `python -m searchrl {stage_cli}` (it recomputes the stage with this release)"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StageInputError(f"{path}: unreadable ({exc}); {rerun}") from exc
+    stamp = data.pop(_FORMAT_KEY, 1) if isinstance(data, dict) else None
+    if stamp not in READABLE_REF_FORMATS:
+        raise StageInputError(f"{path}: reference format {stamp!r}, this release reads "
+                              f"{sorted(READABLE_REF_FORMATS)}; {rerun}")
+    try:
+        if kind is Decision:
+            data["reasons"] = tuple(data["reasons"])
+        ref = kind(**data)
+    except (TypeError, KeyError) as exc:  # fields added, renamed or removed since
+        raise StageInputError(f"{path}: not a {kind.__name__} this release reads ({exc}); "
+                              f"{rerun}") from exc
     if not ref_is_current(ref):
         raise StageInputError(f"{path}: the files it references changed or are gone; "
                               f"re-run `python -m searchrl {stage_cli}`")
@@ -134,6 +159,13 @@ def _begin_fresh(stage_dir: Path) -> None:
     stage_dir.parent.mkdir(parents=True, exist_ok=True)
     publish_dir(Path(tempfile.mkdtemp(prefix=f".{stage_dir.name}.new-", dir=stage_dir.parent)),
                 stage_dir)
+
+
+def stage_dir_lock(stage_dir: Path) -> contextlib.AbstractContextManager[Path]:
+    """One run at a time in a stage dir that the stage clears (evaluate, gate): a concurrent
+    manual run would wipe this one's files. BusyError naming the holder."""
+    return held(stage_dir, busy=f"another run of this stage writes into {stage_dir} (and "
+                                "clears it first)")
 
 
 def _finish(ref: R, stage_dir: Path) -> R:
@@ -457,7 +489,11 @@ def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     sink.log_artifact(result.metrics_path, "training")
     if result.curve_path is not None:
         sink.log_artifact(result.curve_path, "training")
-    sink.log_artifact(choice.policy_dir, "policy")
+    if sink.tracking_uri is not None and sink.run_id is not None:
+        from searchrl.tracking import log_policy_model
+
+        # Stored once, as the MLflow model the gate registers (never logged again there).
+        log_policy_model(sink.tracking_uri, sink.run_id, choice.policy_dir)
     return _finish(ref, out_dir)
 
 
@@ -577,32 +613,40 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
     the gate's inputs do not include it), training and evaluation."""
     paths = StagePaths(config.run.work_dir)
     out_dir = paths.gate_dir
-    _begin_fresh(out_dir)
-    sink.log_params(config.to_dict()["gate"])
-    costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
-    evaluated = load_eval_result(evaluation.results_path)
-    refuse_search_failures(evaluated, evaluation.results_path)
-    tracked = sink.tracking_uri is not None and sink.run_id is not None
-    champion = _current_champion(config, sink.tracking_uri) if tracked else None
-    outcome = write_gate_report(
-        config, evaluated, out_dir,
-        gold_pairs=count_rows(dataset.paths.get("train")), stages=costs,
-        metrics_path=checkpoint.metrics_path, cost_notes=notes, champion_version=champion)
-    result = outcome.result
-    sink.set_tags({"decision": result.label})
-    sink.log_metrics({k: v for k, v in outcome.figures.items() if math.isfinite(v)})
-    sink.log_artifact(out_dir, "report")
-    if tracked:
-        sink.set_tags(_register_candidate(config, dataset, checkpoint, evaluation,
-                                          outcome.figures, go=result.go, sink=sink))
-    if result.go and dataset.digest_dir and Path(dataset.digest_dir).is_dir():
-        # The champion's gold set: what the next validation's drift is measured against.
-        keep_digest(Path(dataset.digest_dir), history_dir(config.run.work_dir) / "champion")
-    return _finish(Decision(
-        go=result.go, reasons=result.reasons, report_html=str(outcome.html_path),
-        report_md=str(outcome.md_path), figures=outcome.figures,
-        files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
-        mlflow_run_id=sink.run_id), out_dir)
+    with stage_dir_lock(out_dir):
+        _begin_fresh(out_dir)
+        sink.log_params(config.to_dict()["gate"])
+        costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
+        evaluated = load_eval_result(evaluation.results_path)
+        refuse_search_failures(evaluated, evaluation.results_path)
+        tracked = sink.tracking_uri is not None and sink.run_id is not None
+        champion = _current_champion(config, sink.tracking_uri) if tracked else None
+        plan = _plan_promotion(config, sink.tracking_uri, checkpoint, champion) if tracked \
+            else _Promotion(blocked=_FROZEN if config.gate.freeze_promotions else None)
+        outcome = write_gate_report(
+            config, evaluated, out_dir,
+            gold_pairs=count_rows(dataset.paths.get("train")), stages=costs,
+            metrics_path=checkpoint.metrics_path,
+            cost_notes=[*notes, *([plan.blocked] if plan.blocked else [])],
+            champion_version=champion)
+        result = outcome.result
+        sink.set_tags({"decision": result.label}
+                      | ({"promotion_blocked": plan.blocked[:5000]} if plan.blocked else {}))
+        sink.log_metrics({k: v for k, v in outcome.figures.items() if math.isfinite(v)})
+        sink.log_artifact(out_dir, "report")
+        if tracked:
+            sink.set_tags(_register_candidate(config, dataset, checkpoint, evaluation,
+                                              outcome.figures, go=result.go, sink=sink,
+                                              plan=plan))
+        if (result.go and plan.blocked is None and dataset.digest_dir
+                and Path(dataset.digest_dir).is_dir()):
+            # The champion's gold set: what the next validation's drift is measured against.
+            keep_digest(Path(dataset.digest_dir), history_dir(config.run.work_dir) / "champion")
+        return _finish(Decision(
+            go=result.go, reasons=result.reasons, report_html=str(outcome.html_path),
+            report_md=str(outcome.md_path), figures=outcome.figures,
+            files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
+            mlflow_run_id=sink.run_id), out_dir)
 
 
 def _current_champion(config: PipelineConfig, uri: str | None) -> str | None:
@@ -615,13 +659,59 @@ def _current_champion(config: PipelineConfig, uri: str | None) -> str | None:
     return found["version"] if found else None
 
 
+_FROZEN = ("Promotions are frozen (gate.freeze_promotions): the decision is recorded and the "
+           "candidate registered, the champion is not moved.")
+
+
+@dataclass(frozen=True)
+class _Promotion:
+    """What the registry step does with this candidate, settled before the report (which
+    says it): `existing` is the registered version already holding its weights (None: a new
+    version), `blocked` why a GO moves no alias (None: a GO promotes)."""
+
+    existing: str | None = None
+    blocked: str | None = None
+
+
+def _plan_promotion(config: PipelineConfig, uri: str | None, checkpoint: CheckpointRef,
+                    champion: str | None) -> _Promotion:
+    """A candidate with a registered version's weights is that version: the champion's own
+    (a re-run after a GO) is not registered again; a rolled-back one (a scheduled run after
+    a rollback) is not promoted again. A freeze blocks every promotion."""
+    from searchrl.tracking import version_with_weights, was_rolled_back, weights_digest
+
+    assert uri is not None
+    found = version_with_weights(uri, config.registry_model_name,
+                                 weights_digest(Path(checkpoint.policy_dir)))
+    existing, tags = found if found else (None, {})
+    blocked = _FROZEN if config.gate.freeze_promotions else None
+    if existing is not None and existing == champion:
+        blocked = (f"This candidate's weights are the champion's (registered version "
+                   f"{existing}): not registered again, and there is nothing to promote.")
+    elif existing is not None and was_rolled_back(tags):
+        blocked = (f"This candidate's weights are registered version {existing}'s, rolled back "
+                   f"at {tags['rolled_back_at']} ({tags.get('rolled_back_reason', '')}): not "
+                   f"promoted again. To restore it on purpose: `python -m searchrl rollback "
+                   f"--to {existing} --reason TEXT`.")
+    return _Promotion(existing=existing, blocked=blocked)
+
+
 def _register_candidate(config: PipelineConfig, dataset: DatasetRef, checkpoint: CheckpointRef,
                         evaluation: EvalRef, figures: dict[str, float], *, go: bool,
-                        sink: MetricsSink) -> dict[str, str]:
+                        sink: MetricsSink, plan: _Promotion) -> dict[str, str]:
     """Every candidate becomes a version aliased `challenger`, tagged with the decision, its
-    figures and data fingerprints; a GO moves `champion` to it (the replaced version kept as
-    `previous-champion`). Returns the run tags that say so."""
-    from searchrl.tracking import CHALLENGER, promote, register_policy
+    figures and data fingerprints (a candidate with a registered version's weights is that
+    version, re-tagged with this decision: `plan`); a GO that `plan` does not block moves
+    `champion` to it (the replaced version kept as `previous-champion`). The policy's
+    artifact is the MLflow model the training run logged, when it did (stored once).
+    Returns the run tags that say so."""
+    from searchrl.tracking import (
+        CHALLENGER,
+        logged_policy_model,
+        promote,
+        register_policy,
+        set_version_tags,
+    )
 
     assert sink.tracking_uri is not None and sink.run_id is not None
     name = config.registry_model_name
@@ -631,10 +721,18 @@ def _register_candidate(config: PipelineConfig, dataset: DatasetRef, checkpoint:
             | {f"data.{k}": v for k, v in sorted(dataset.fingerprints.items())}
             | {"data.corpus": dataset.corpus_fingerprint}
             | {f"figure.{k}": f"{v:.6g}" for k, v in sorted(figures.items())})
-    version = register_policy(sink.tracking_uri, sink.run_id, Path(checkpoint.policy_dir), name,
-                              CHALLENGER, tags=tags)
-    out = {"registered_model": name, "registered_version": version}
-    if go:
+    if plan.existing is not None:
+        version = plan.existing
+        set_version_tags(sink.tracking_uri, name, version, tags, alias=CHALLENGER)
+    else:
+        trained = checkpoint.mlflow_run_id
+        logged = logged_policy_model(sink.tracking_uri, trained) if trained else None
+        version = register_policy(sink.tracking_uri, trained if trained and logged else sink.run_id,
+                                  Path(checkpoint.policy_dir), name, CHALLENGER, tags=tags,
+                                  logged_model=logged)
+    out = {"registered_model": name, "registered_version": version,
+           "registered_new": str(plan.existing is None).lower()}
+    if go and plan.blocked is None:
         replaced = promote(sink.tracking_uri, name, version, config.gate.registry_alias)
         out |= {"promoted_to": config.gate.registry_alias,
                 "previous_champion": replaced or "none"}

@@ -8,6 +8,7 @@ One parent run per pipeline run, one child run per stage, the parent run id pass
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -218,6 +219,16 @@ PREVIOUS = "previous-champion"
 # and then knows what came before that.
 PREVIOUS_TAG = "previous_champion_version"
 _POLICY_ARTIFACT = "policy"
+# Every version registered by this release says how its artifact is laid out, so a later
+# release reads it, or refuses naming it, never misreads it. Versions without the tag were
+# registered before the stamp: a save_pretrained dir or a transformers-flavor MLflow model,
+# both of which `download_registered_policy` reads.
+FORMAT_TAG = "searchrl.policy_format"
+POLICY_FORMAT = 1  # a transformers-flavor MLflow model: model/ + components/tokenizer/
+READABLE_POLICY_FORMATS = frozenset({1})
+# The sha256 of the policy's weight files: a candidate with the weights of a registered
+# version is that version, never registered again (`version_with_weights`).
+WEIGHTS_TAG = "weights_sha256"
 
 
 class RegistryError(RuntimeError):
@@ -248,21 +259,66 @@ def log_policy_model(uri: str, run_id: str, policy_dir: Path,
     return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
 
 
-def register_policy(uri: str, run_id: str, policy_dir: Path, name: str, alias: str,
-                    tags: Mapping[str, str] | None = None) -> str:
-    """Log `policy_dir` as an MLflow transformers model under the run's `policy/`, register it
-    as a new version of model `name` with `tags`, point `alias` at it; return the version."""
+def logged_policy_model(uri: str, run_id: str) -> str | None:
+    """The URI of the MLflow model `log_policy_model` logged under run `run_id` (the training
+    stage's selected policy), None when that run logged none (an untracked training)."""
     client = MlflowClient(tracking_uri=uri)
-    source = log_policy_model(uri, run_id, policy_dir)
+    try:
+        listed = {f.path for f in client.list_artifacts(run_id, _POLICY_ARTIFACT)}
+        if f"{_POLICY_ARTIFACT}/MLmodel" not in listed:
+            return None
+        return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{_POLICY_ARTIFACT}"
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def weights_digest(policy_dir: Path) -> str:
+    """sha256 over the policy's weight files (names and contents): equal exactly when two
+    policies hold the same weights, whatever else their directories hold."""
+    from searchrl.data.io import known_sha256
+
+    files = sorted(p for p in Path(policy_dir).rglob("*")
+                   if p.is_file() and p.suffix in {".safetensors", ".bin", ".pt"})
+    if not files:
+        raise RegistryError(f"{policy_dir}: no weight files (*.safetensors, *.bin): not a "
+                            "saved policy")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(policy_dir)}={known_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def register_policy(uri: str, run_id: str, policy_dir: Path, name: str, alias: str,
+                    tags: Mapping[str, str] | None = None, *,
+                    logged_model: str | None = None) -> str:
+    """Register `policy_dir` as a new version of model `name` with `tags` (stamped with its
+    format and weights digest), point `alias` at it; return the version. The version's
+    artifact is `logged_model` (the MLflow model run `run_id` logged: the training run's,
+    stored once), else `policy_dir` logged now as an MLflow transformers model under run
+    `run_id`'s `policy/`."""
+    client = MlflowClient(tracking_uri=uri)
+    source = logged_model or log_policy_model(uri, run_id, policy_dir)
     try:
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name)
+    stamped = {**(tags or {}), FORMAT_TAG: str(POLICY_FORMAT),
+               WEIGHTS_TAG: weights_digest(policy_dir)}
     version = client.create_model_version(name, source, run_id=run_id,
-                                          tags={k: str(v)[:5000] for k, v in
-                                                (tags or {}).items()})
+                                          tags={k: str(v)[:5000] for k, v in stamped.items()})
     client.set_registered_model_alias(name, alias, str(version.version))
     return str(version.version)
+
+
+def set_version_tags(uri: str, name: str, version: str, tags: Mapping[str, str], *,
+                     alias: str | None = None) -> None:
+    """Tag an existing version (the latest gate's figures on a candidate already registered)
+    and point `alias` at it."""
+    client = MlflowClient(tracking_uri=uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, str(value)[:5000])
+    if alias is not None:
+        client.set_registered_model_alias(name, alias, version)
 
 
 def promote(uri: str, name: str, version: str, alias: str = "champion",
@@ -276,27 +332,52 @@ def promote(uri: str, name: str, version: str, alias: str = "champion",
         client.set_registered_model_alias(name, previous_alias, replaced)
         client.set_model_version_tag(name, version, PREVIOUS_TAG, replaced)
     client.set_registered_model_alias(name, alias, version)
+    client.set_model_version_tag(name, version, "promoted_at",
+                                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return replaced
 
 
 def rollback(uri: str, name: str, reason: str, alias: str = "champion",
-             previous_alias: str = PREVIOUS) -> dict[str, str]:
-    """Point `alias` back at the `previous_alias` version and record why (tags on both
-    versions and on the registered model). The restored version's own predecessor becomes
-    `previous_alias` (removed when it has none). Raises RegistryError when there is no
-    previous champion."""
+             previous_alias: str = PREVIOUS, *, to_version: str | None = None
+             ) -> dict[str, str]:
+    """Point `alias` back at the `previous_alias` version (or at `to_version`) and record why
+    (tags on both versions and on the registered model). The restored version's own
+    predecessor becomes `previous_alias` (removed when it has none).
+
+    Never one generation further by accident: with `to_version`, a retry finds the champion
+    already there and changes nothing (`already: "true"`); without it, a champion that a
+    rollback restored is not rolled back again (RegistryError: name the version). Raises
+    RegistryError when there is nothing to roll back to."""
     if not reason.strip():
         raise RegistryError("rollback needs a reason (--reason TEXT): it is recorded on the "
                             "registry")
     client = MlflowClient(tracking_uri=uri)
-    previous = registered_policy(uri, name, previous_alias)
-    if previous is None:
-        raise RegistryError(f"model {name!r} has no {previous_alias!r} alias in {uri}: "
-                            "nothing to roll back to (a previous champion is kept only "
-                            "when a GO replaces one)")
     current = registered_policy(uri, name, alias)
+    if to_version is not None:
+        target = _version_tags(client, name, to_version)
+        if target is None:
+            raise RegistryError(f"model {name!r} in {uri} has no version {to_version}: "
+                                "nothing to roll back to")
+        _refuse_unreadable(name, to_version, target)
+        if current is not None and current["version"] == to_version:
+            return {"model": name, "from_version": to_version, "to_version": to_version,
+                    "reason": reason, "at": target.get("restored_at", ""), "already": "true"}
+    else:
+        if current is not None:
+            tags = _version_tags(client, name, current["version"]) or {}
+            if _restored_last(tags):
+                raise RegistryError(
+                    f"model {name!r}: champion version {current['version']} was itself restored "
+                    f"by a rollback at {tags['restored_at']} ({tags.get('restored_reason', '')}); "
+                    "another plain rollback would go one generation further: to do that, name "
+                    "the version (rollback --to VERSION)")
+        previous = registered_policy(uri, name, previous_alias)
+        if previous is None:
+            raise RegistryError(f"model {name!r} has no {previous_alias!r} alias in {uri}: "
+                                "nothing to roll back to (a previous champion is kept only "
+                                "when a GO replaces one)")
+        to_version = previous["version"]
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    to_version = previous["version"]
     client.set_registered_model_alias(name, alias, to_version)
     client.set_model_version_tag(name, to_version, "restored_reason", reason)
     client.set_model_version_tag(name, to_version, "restored_at", when)
@@ -313,7 +394,54 @@ def rollback(uri: str, name: str, reason: str, alias: str = "champion",
         name, "last_rollback", f"{when}: version {from_version or '?'} -> {to_version}: "
                                f"{reason}"[:5000])
     return {"model": name, "from_version": from_version, "to_version": to_version,
-            "reason": reason, "at": when}
+            "reason": reason, "at": when, "already": "false"}
+
+
+def _version_tags(client: MlflowClient, name: str, version: str) -> dict[str, str] | None:
+    try:
+        return dict(client.get_model_version(name, version).tags)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def _restored_last(tags: Mapping[str, str]) -> bool:
+    """The version's latest registry event is a rollback restoring it (not a promotion, not
+    a rollback away from it)."""
+    return bool(tags.get("restored_at")) and tags.get("restored_at", "") >= max(
+        tags.get("rolled_back_at", ""), tags.get("promoted_at", ""))
+
+
+def was_rolled_back(tags: Mapping[str, str]) -> bool:
+    """The version's latest registry event is a rollback away from it."""
+    return bool(tags.get("rolled_back_at")) and not _restored_last(tags)
+
+
+def version_with_weights(uri: str, name: str, digest: str) -> tuple[str, dict[str, str]] | None:
+    """(version, tags) of the newest version of `name` registered with weights `digest`
+    (WEIGHTS_TAG), None when none is (or the model does not exist)."""
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    same = [v for v in versions if v.tags.get(WEIGHTS_TAG) == digest]
+    if not same:
+        return None
+    newest = max(same, key=lambda v: int(v.version))
+    return str(newest.version), dict(newest.tags)
+
+
+def _refuse_unreadable(name: str, version: str, tags: Mapping[str, str]) -> None:
+    """RegistryError when the version was registered in a layout this release cannot read."""
+    stamp = tags.get(FORMAT_TAG)
+    if stamp is None:
+        return  # registered before the stamp: a layout `download_registered_policy` reads
+    if not stamp.isdigit() or int(stamp) not in READABLE_POLICY_FORMATS:
+        raise RegistryError(
+            f"model {name!r} version {version}: policy format {stamp!r} ({FORMAT_TAG}), this "
+            f"release reads {sorted(READABLE_POLICY_FORMATS)}: upgrade searchrl to the release "
+            "that registered it, or point the alias at a version this release reads "
+            "(rollback --to VERSION)")
 
 
 def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
@@ -338,6 +466,8 @@ def download_registered_policy(uri: str, name: str, alias: str, dst: Path) -> Pa
     found = registered_policy(uri, name, alias)
     if found is None:
         return None
+    _refuse_unreadable(name, found["version"],
+                       _version_tags(MlflowClient(tracking_uri=uri), name, found["version"]) or {})
     # Into a fresh directory, published whole at `dst`: an earlier champion's files (another
     # layout, a tokenizer file this one lacks) never mix into this one.
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.exit_codes import EXIT_CODES, exit_code_of, report_error
+from searchrl.stages import REF_FORMAT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,8 @@ def test_generate_world_and_validate(tmp_path: Path, capsys: pytest.CaptureFixtu
     capsys.readouterr()
     assert main(["validate", *small]) == 0
     ref = json.loads(capsys.readouterr().out)  # the stage's DatasetRef, also in its ref.json
-    assert json.loads((tmp_path / "validate_gold_labels" / "ref.json").read_text()) == ref
+    written = json.loads((tmp_path / "validate_gold_labels" / "ref.json").read_text())
+    assert written == {"format_version": REF_FORMAT, **ref}  # stamped with its layout
     assert all(Path(p).is_file() for p in ref["files"])
     counts = json.loads((tmp_path / "validate_gold_labels" / "audit.json").read_text())["counts"]
     assert counts["rows_in"] == counts["clean"] + counts["quarantined"]

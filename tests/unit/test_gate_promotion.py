@@ -8,10 +8,13 @@ train stage's cache key."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file, save_file
 
 from searchrl.__main__ import main
 from searchrl.config import PipelineConfig
@@ -29,10 +32,14 @@ from searchrl.stages import (
 from searchrl.tracking import (
     CHALLENGER,
     PREVIOUS,
+    WEIGHTS_TAG,
     MlflowSink,
+    download_registered_policy,
+    log_policy_model,
     model_version_tags,
     registered_policy,
     start_parent_run,
+    weights_digest,
 )
 from searchrl.types import CheckpointRef, DatasetRef, EvalRef
 from tests.helpers import save_tiny_policy
@@ -49,10 +56,25 @@ def _config(tmp: Path, uri: str, **train: object) -> PipelineConfig:
         "tracking": {"tracking_uri": uri}, "gate": GATE, "train": train})
 
 
+def trained_variant(policy: Path, out: Path, offset: float) -> Path:
+    """A copy of `policy` with other weights (`offset` added to one tensor): another trained
+    candidate. The same offset gives the same weights."""
+    shutil.copytree(policy, out)
+    weights = load_file(out / "model.safetensors")
+    first = sorted(weights)[0]
+    weights[first] = weights[first] + offset
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
 def _gate(tmp: Path, config: PipelineConfig, uri: str, policy: Path,
-          accs: dict[str, float], tag: str) -> MlflowSink:
+          accs: dict[str, float], tag: str, weights: str | None = None,
+          trained_run: str | None = None) -> MlflowSink:
+    """One gate run on a candidate with its own weights (those of candidate `weights` when
+    given: the same policy again), trained in MLflow run `trained_run` when given."""
     sub = tmp / tag
     sub.mkdir()
+    policy = trained_variant(policy, sub / "policy", float(ord((weights or tag)[0])))
     results = sub / RESULTS_FILE
     results.write_text(json.dumps(_eval(sub, accs).to_dict()))
     train = sub / "train.jsonl"
@@ -64,7 +86,7 @@ def _gate(tmp: Path, config: PipelineConfig, uri: str, policy: Path,
                          corpus_path="", corpus_fingerprint="fp-corpus", fingerprint="x",
                          digest_dir=str(digest))
     ckpt = CheckpointRef(policy_dir=str(policy), fingerprint=f"policy-{tag}",
-                         training_seconds=36.0)
+                         training_seconds=36.0, mlflow_run_id=trained_run)
     sink = start_parent_run(uri, "exp", f"gate-{tag}", {})
     decide_go_no_go(config, dataset, ckpt, EvalRef(results_path=str(results),
                                                    fingerprint=f"eval-{tag}"), sink)
@@ -146,3 +168,97 @@ def test_train_init_champion_downloads_it_and_keys_the_stage_on_its_version(
     assert json.loads((got / "searchrl_sft.json").read_text())["version"] == "1"
     assert fetch_champion_start(_config(tmp_path, uri), out, uri) is None
     assert champion_start(_config(tmp_path, uri), out) is None
+
+
+def _report_notes(tmp: Path) -> str:
+    decision = json.loads((tmp / "work" / "decide_go_no_go" / "decision.json").read_text())
+    md = (tmp / "work" / "decide_go_no_go" / "report.md").read_text()
+    return "\n".join(decision["notes"]) + "\n" + md
+
+
+def test_a_rollback_survives_the_next_runs_and_a_retried_rollback_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = _config(tmp_path, uri)
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    good = {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.6}
+    _gate(tmp_path, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
+    _gate(tmp_path, config, uri, policy, good, "b")
+    assert (_alias(uri, "champion"), _alias(uri, PREVIOUS)) == ("2", "1")
+    # A re-run after the GO (same trained weights): the champion's own policy is not
+    # registered again, and the real previous champion stays.
+    _gate(tmp_path, config, uri, policy, good, "b-rerun", weights="b")
+    assert (_alias(uri, "champion"), _alias(uri, PREVIOUS), _alias(uri, CHALLENGER)) == \
+        ("2", "1", "2")
+    assert "weights are the champion's (registered version 2)" in _report_notes(tmp_path)
+    assert model_version_tags(uri, "searchrl-world-b", "2")["gate_run_id"] != ""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(config.to_dict()))
+    assert main(["rollback", "--config", str(cfg), "--reason", "wrong on live"]) == 0
+    capsys.readouterr()
+    assert _alias(uri, "champion") == "1"
+    # Retried: a plain rollback refuses to go one generation further; --to is idempotent.
+    assert main(["rollback", "--config", str(cfg), "--reason", "wrong on live"]) == 11
+    assert "restored by a rollback" in capsys.readouterr().err
+    assert main(["rollback", "--config", str(cfg), "--reason", "wrong on live",
+                 "--to", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["already"] == "true"
+    assert _alias(uri, "champion") == "1"
+    # Next Monday: the same trained policy (training reused), GO against the restored
+    # champion: not promoted again, and the report says why.
+    _gate(tmp_path, config, uri, policy, good, "monday", weights="b")
+    assert (_alias(uri, "champion"), _alias(uri, CHALLENGER)) == ("1", "2")
+    notes = _report_notes(tmp_path)
+    assert "registered version 2's, rolled back at" in notes and "rollback --to 2" in notes
+    assert _champion_digest(config) == "b"  # the blocked GO keeps no new drift reference
+    # A new policy that passes is promoted as usual, and can be rolled back plainly.
+    _gate(tmp_path, config, uri, policy, good, "c")
+    assert (_alias(uri, "champion"), _alias(uri, PREVIOUS)) == ("3", "1")
+    assert main(["rollback", "--config", str(cfg), "--reason", "again wrong"]) == 0
+    assert _alias(uri, "champion") == "1"
+    # Restoring a rolled-back version on purpose: --to names it.
+    assert main(["rollback", "--config", str(cfg), "--reason", "fixed upstream",
+                 "--to", "2"]) == 0
+    assert (_alias(uri, "champion"), _alias(uri, PREVIOUS)) == ("2", "1")
+
+
+def test_a_promotions_freeze_decides_registers_and_reports_but_never_promotes(
+        tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    frozen = _config(tmp_path, uri).model_copy(update={"gate": _config(
+        tmp_path, uri).gate.model_copy(update={"freeze_promotions": True})})
+    sink = _gate(tmp_path, frozen, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
+    decision = json.loads((tmp_path / "work" / "decide_go_no_go" / "decision.json").read_text())
+    assert decision["go"] is True  # decided as usual
+    assert (_alias(uri, CHALLENGER), _alias(uri, "champion")) == ("1", None)
+    assert "Promotions are frozen (gate.freeze_promotions)" in _report_notes(tmp_path)
+    tags = sink.client.get_run(sink.run_id).data.tags
+    assert "frozen" in tags["promotion_blocked"] and "promoted_to" not in tags
+    assert _champion_digest(frozen) is None
+    # The freeze is a gate input: lifting it re-runs the gate (its cache key changes).
+    assert frozen.inputs_of("decide_go_no_go") != _config(tmp_path, uri).inputs_of(
+        "decide_go_no_go")
+
+
+def test_a_candidate_is_stored_once_as_the_model_its_training_run_logged(
+        tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = _config(tmp_path, uri)
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    candidate = trained_variant(policy, tmp_path / "candidate", float(ord("a")))
+    trained = start_parent_run(uri, "exp", "train_policy", {})
+    log_policy_model(uri, trained.run_id, candidate)  # what the train stage logs, once
+    gate = _gate(tmp_path, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a",
+                 trained_run=trained.run_id)
+    client = MlflowClient(tracking_uri=uri)
+    version = client.get_model_version("searchrl-world-b", "1")
+    assert version.run_id == trained.run_id
+    assert version.source.startswith(client.get_run(trained.run_id).info.artifact_uri)
+    assert client.list_artifacts(gate.run_id, "policy") == []  # not logged a second time
+    got = download_registered_policy(uri, "searchrl-world-b", "champion", tmp_path / "dl")
+    assert got is not None
+    ours, theirs = load_file(candidate / "model.safetensors"), load_file(
+        got / "model.safetensors")
+    assert set(ours) == set(theirs) and all((ours[k] == theirs[k]).all() for k in ours)
+    assert version.tags[WEIGHTS_TAG] == weights_digest(candidate)

@@ -50,6 +50,10 @@ class GateConfig(Section):
     # questions with its paired interval above 0; fewer: "too few to claim", never a win.
     slice_claim_min_questions: int = Field(30, ge=1)
     registry_alias: str = "champion"
+    # A promotions freeze: the gate decides, reports and registers the candidate as usual but
+    # never moves `registry_alias` (the report says so). For a release freeze, an incident,
+    # or while a rolled-back champion is investigated.
+    freeze_promotions: bool = False
     payback_horizon_months: int = Field(24, ge=1)  # x-axis of the payback curve plot
     # Trainer metrics plotted as the training curve (a key matches `m`, `*/m` or `*.m`).
     training_curve_metrics: tuple[str, ...] = ("reward_mean", "correct_rate", "dev_em")

@@ -32,7 +32,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from searchrl.locks import held
+
 NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+MERGE_WAIT_S = 60.0  # how long apply-audit waits for another one merging into the file
 
 
 class OverridesError(ValueError):
@@ -185,26 +190,30 @@ def merge_audit_decisions(decisions_path: Path, overrides_path: Path, *,
     kept as written; the file is replaced atomically, and only when something is added.
     """
     when = (now or datetime.now(UTC)).isoformat(timespec="seconds")
-    existing = load_overrides(overrides_path) if overrides_path.is_file() else []
-    result = MergeResult()
-    for label, row in _decision_rows(decisions_path):
-        if str(row.get("decision") or "").strip() in ("", "skip"):
-            result.undecided += 1
-            continue
-        new = _audit_override(row, label, steward, when)
-        known = [o for o in [*existing, *result.added] if o.matches(str(new.split), new.id)]
-        if any(_same_decision(o, new) for o in known):
-            result.unchanged.append(str(row["key"]))
-        elif known:
-            result.conflicts.append(
-                f"{row['key']}: decision {new.action} {list(new.golden_answers or ())} "
-                f"conflicts with the override already in {overrides_path} "
-                f"({known[0].action} {list(known[0].golden_answers or ())} by "
-                f"{known[0].steward})")
-        else:
-            result.added.append(new)
-    if result.added:
-        _append_overrides(overrides_path, existing, result.added)
+    # Two stewards at once: the second waits for the first's file, then merges against it
+    # (its conflicts found), never over it.
+    with held(overrides_path, busy="another apply-audit merges into this overrides file",
+              wait_s=MERGE_WAIT_S):
+        existing = load_overrides(overrides_path) if overrides_path.is_file() else []
+        result = MergeResult()
+        for label, row in _decision_rows(decisions_path):
+            if str(row.get("decision") or "").strip() in ("", "skip"):
+                result.undecided += 1
+                continue
+            new = _audit_override(row, label, steward, when)
+            known = [o for o in [*existing, *result.added] if o.matches(str(new.split), new.id)]
+            if any(_same_decision(o, new) for o in known):
+                result.unchanged.append(str(row["key"]))
+            elif known:
+                result.conflicts.append(
+                    f"{row['key']}: decision {new.action} {list(new.golden_answers or ())} "
+                    f"conflicts with the override already in {overrides_path} "
+                    f"({known[0].action} {list(known[0].golden_answers or ())} by "
+                    f"{known[0].steward})")
+            else:
+                result.added.append(new)
+        if result.added:
+            _append_overrides(overrides_path, existing, result.added)
     return result
 
 

@@ -31,18 +31,15 @@ exist but none verifies.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import random
 import shutil
-import socket
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +54,7 @@ from searchrl.data.io import (
     publish_dir,
     records_fingerprint,
 )
+from searchrl.locks import held, lock_path  # noqa: F401  (lock_path: re-exported)
 from searchrl.train.ds import barrier, rank, world_size
 from searchrl.types import QAExample
 
@@ -285,11 +283,17 @@ def run_identity(config: PipelineConfig, questions: Sequence[QAExample], init_di
     (`config.inputs_of("train_run")`: declared per field in searchrl/config/), the start
     policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
     sizes), the questions' content in order (gold answers included: a corrected label is
-    another run) and the number of ranks. A sha256 hex digest."""
+    another run), the number of ranks, and the training code (`code_fingerprint` of the
+    trainer: a code or package upgrade must not resume, and republish, last week's final
+    checkpoint). A sha256 hex digest."""
+    from searchrl.codehash import code_fingerprint
+    from searchrl.train.grpo import train_policy_run  # imports this module: not at the top
+
     init = (init_key_file.read_text() if init_key_file.is_file() else
             sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
     payload = {"config": config.inputs_of("train_run"), "ranks": n_ranks, "init": init,
-               "questions": records_fingerprint(questions)}
+               "questions": records_fingerprint(questions),
+               "code": code_fingerprint(train_policy_run)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -332,59 +336,15 @@ def prepare_checkpoint_dir(root: Path, run_key: str, *, resume: bool) -> Path | 
 # One training at a time per checkpoint dir: a second one (a re-run while a rank of the first
 # still trains, two runs on one work_dir) would write the same `.step_N.tmp` dirs. Rank 0
 # holds an flock on `<root>.lock` (next to the dir, which `prepare_checkpoint_dir` removes and
-# renames) while it trains; the kernel drops it when the process ends, however it ends. The
-# file names its holder for the error.
-
-LOCK_SUFFIX = ".lock"
-_held: dict[Path, list[int]] = {}  # lock file -> [fd, depth]: re-entrant within a process
-_held_guard = threading.Lock()
-
+# renames) while it trains (`searchrl.locks`); the kernel drops it when the process ends,
+# however it ends. The file names its holder for the error.
 
 class CheckpointLockError(CheckpointError):
     """Another live process trains into the checkpoint dir; the message names it."""
 
 
-def lock_path(root: Path) -> Path:
-    root = Path(root).resolve()
-    return root.with_name(root.name + LOCK_SUFFIX)
-
-
-@contextmanager
-def checkpoint_dir_lock(root: Path) -> Iterator[Path]:
+def checkpoint_dir_lock(root: Path) -> AbstractContextManager[Path]:
     """Hold the lock of checkpoint dir `root` for the block (re-entrant within this process);
     CheckpointLockError naming the holder (pid, host) when another process holds it."""
-    path = lock_path(root)
-    with _held_guard:
-        if path in _held:
-            _held[path][1] += 1
-        else:
-            _held[path] = [_acquire(path), 1]
-    try:
-        yield path
-    finally:
-        with _held_guard:
-            entry = _held[path]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del _held[path]
-                os.ftruncate(entry[0], 0)
-                os.close(entry[0])  # drops the flock
-
-
-def _acquire(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        holder = path.read_text().strip() or "a process that is still starting"
-        raise CheckpointLockError(
-            f"{path}: another training process holds this checkpoint dir ({holder}) and "
-            "would write the same checkpoints; wait for it to end or stop it, then re-run"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-    return fd
-
+    return held(root, busy="another training process holds this checkpoint dir and would "
+                           "write the same checkpoints", error=CheckpointLockError)
