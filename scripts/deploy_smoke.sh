@@ -8,7 +8,7 @@
 #   key=value overrides are appended to the deployment's own `overrides` parameter.
 #   A server already answering on PORT is used, not replaced; KEEP_SERVER=1 leaves the one
 #   this call starts running (its pid in $PREFECT_HOME/server.pid) for a later call, e.g.
-#   the next week of scripts/two_weeks.py, which stops it.
+#   the next week of scripts/weeks.py --weeks 2, which stops it.
 # Prints one line per flow run: `run <id> <state> start=<iso> end=<iso> waited_for_slot=<0|1>`,
 # then `state: COMPLETED` when all completed.
 set -euo pipefail

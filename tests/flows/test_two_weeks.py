@@ -1,8 +1,15 @@
-"""Two weeks of the local deployment (scripts/two_weeks.py) on a real Prefect server, a process
-worker and a real MLflow sqlite store: a steward's correction and new data between the weeks
-re-run validation and training, the corrected label reaches the model, the drift report sees
-the new rows and passages, the registry records the challenger and its decision, rollback
-moves the champion back, and the decision artifact and events of both runs are in the API."""
+"""The weekly loop end to end (scripts/weeks.py, searchrl/weekly/).
+
+Two weeks of the local deployment (`--weeks 2`) on a real Prefect server, a process worker and
+a real MLflow sqlite store: a steward's correction and new data between the weeks re-run
+validation and training, the corrected label reaches the model, the drift report sees the new
+rows and passages, the registry records the challenger and its decision, rollback moves the
+champion back, and the decision artifact and events of both runs are in the API.
+
+Six weeks with faults (the CI-sized year): a week with no change runs no stage; a malformed
+gold file, a run killed mid-training and a retriever that is down each fail loudly (their exit
+code and message) and the next attempt or week recovers; every row is accounted for, and
+retention keeps the registry and the work dir bounded."""
 
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ def test_two_weeks_of_the_local_deployment(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent
     figures_path = tmp_path / "two_weeks.json"
     proc = subprocess.run(
-        [sys.executable, "scripts/two_weeks.py", "--data", str(tmp_path / "data"),
+        [sys.executable, "scripts/weeks.py", "--weeks", "2", "--data", str(tmp_path / "data"),
          "--json", str(figures_path), *FAST],
         cwd=ROOT, capture_output=True, text=True, timeout=3000,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
@@ -107,3 +114,65 @@ def test_two_weeks_of_the_local_deployment(tmp_path: Path) -> None:
     assert any(e.startswith("searchrl.gold-set.updated")
                for e in prefect["events"]["outside the runs"])
     assert fig["week2_over_week1"] > 0
+
+
+SIX_WEEKS = {2: "no_change", 3: "malformed_gold", 4: "killed_mid_training", 5: "retriever_down"}
+
+
+@pytest.mark.slow
+def test_six_weeks_with_faults_fail_loudly_and_recover(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    figures_path = tmp_path / "weeks.json"
+    proc = subprocess.run(
+        [sys.executable, "scripts/weeks.py", "--weeks", "6", "--data", str(tmp_path / "data"),
+         "--json", str(figures_path), "--plot", str(tmp_path / "weeks.png"),
+         "--table", str(tmp_path / "weeks.md"),
+         *(f"--fault={w}:{name}" for w, name in SIX_WEEKS.items()),
+         *FAST, "data.synthetic.n_train=70", "train.sft.n_demos=8",
+         "retention.keep_weeks=2", "retention.keep_challengers=1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=3000,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
+             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert prefect_processes(tmp_path / "prefect") == []
+    fig = json.loads(figures_path.read_text())
+    weeks = {w["week"]: w for w in fig["weeks"]}
+    stages_run = {n: sum(len(r["stages"]) for r in w["runs"]) for n, w in weeks.items()}
+    assert weeks[1]["completed"] and stages_run[1] == 6
+    # Nothing changed: every stage came from the cache, at a fraction of week 1's time.
+    assert weeks[2]["completed"] and stages_run[2] == 0
+    assert weeks[2]["seconds"] < 0.5 * weeks[1]["seconds"]
+    # The malformed train file fails validation with its code and names the file.
+    bad = weeks[3]["attempts"][-1]
+    assert not weeks[3]["completed"] and bad["exit_code"] in (4, 5, 6), bad
+    assert "train.jsonl" in bad["message"], bad
+    # Killed mid-training (SIGTERM: 143), then the same week again completes, the file restored.
+    killed, rerun = weeks[4]["attempts"]
+    assert killed["killed"] and killed["exit_code"] == 143, killed
+    assert rerun["exit_code"] == 0 and weeks[4]["completed"] and weeks[4]["restored_gold_file"]
+    assert "train_policy" in weeks[4]["runs"][-1]["stages"]
+    # The retriever is down: the stage that searches fails with the service's code; next week
+    # recovers with the changes of both weeks.
+    down = weeks[5]["attempts"][-1]
+    assert not weeks[5]["completed"] and down["exit_code"] == 7, down
+    assert weeks[6]["completed"] and "filter_curriculum" in weeks[6]["runs"][-1]["stages"]
+    # Every row accounted for in every week whose validation ran, the steward in every
+    # changed week after the first.
+    for n in (1, 2, 4, 6):
+        assert weeks[n]["quarantine"]["accounted"], weeks[n]["quarantine"]
+    assert all(weeks[n]["steward"]["apply_audit"]["added"] for n in (3, 4, 5, 6))
+    # Retention (keep_weeks=2, keep_challengers=1): at most the newest version plus the aliased.
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'data' / 'mlflow.db'}"
+    versions = MlflowClient(tracking_uri=uri).search_model_versions("name = 'searchrl-tiny'")
+    assert 1 <= len(versions) <= 3
+    superseded = list((tmp_path / "data" / "work" / "train_policy").glob(
+        "checkpoints.superseded-*"))
+    assert len(superseded) <= 2
+    # The server's own record of each attempt.
+    states = fig["prefect"]["states"]
+    assert states["week1/0"] == "COMPLETED" and states["week3/0"] in ("FAILED", "CRASHED")
+    assert (tmp_path / "weeks.png").stat().st_size > 0
