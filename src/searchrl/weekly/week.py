@@ -10,6 +10,9 @@ DIR/prefect-results, their work dir in DIR/work and MLflow in DIR/mlflow.db.
 The rest reads a week's record back: each stage's reference and cache-key parts (and so why a
 stage re-ran), the stages that ran (MLflow child runs), the decision, the registry, the
 validation's quarantine and drift, the Prefect artifacts and events, and the disk used.
+
+Over 400 lines because a week's record reads every store a run writes (work dir, MLflow,
+the registry, Prefect); each reader is a short function used by `simulate` alone.
 """
 
 from __future__ import annotations

@@ -202,9 +202,9 @@ def pick_decisions(eval_dir: Path, train_rows: list[dict[str, Any]], corpus_text
     if (answer and answer not in gold["golden_answers"]
             and f" {normalize_answer(answer)} " in corpus_text):
         corrected, source = [answer], "the policy's answer (found in the corpus)"
-    else:  # another row's answer of the same type: an entity the corpus holds
-        other = next(r for r in train_rows if r.get("type") == gold.get("type")
-                     and r["golden_answers"] != gold["golden_answers"])
+    else:  # another row's answer (of the same type where one differs): one the corpus holds
+        others = [r for r in train_rows if r["golden_answers"] != gold["golden_answers"]]
+        other = next((r for r in others if r.get("type") == gold.get("type")), others[0])
         corrected, source = list(other["golden_answers"]), f"row {other['id']}'s answer"
     rows = [target | {"decision": "correct", "corrected_answers": corrected,
                       "reason": f"weekly steward: gold replaced by {source}",
