@@ -412,13 +412,18 @@ def quarantine_figures(work: Path, world: Path) -> dict[str, Any]:
               for name, c in audit.get("split_counts", {}).items()}
     held = (stage / "quarantine.jsonl")
     quarantine_rows = len(read_rows(held)) if held.is_file() else 0
-    in_files = {s: len(read_rows(world / f"{s}.jsonl")) for s in ("train", "dev", "test")
+    in_files = {s: _lines(world / f"{s}.jsonl") for s in ("train", "dev", "test")
                 if (world / f"{s}.jsonl").is_file()}
     accounted = (all(c["rows_in"] == c["clean"] + c["quarantined"] for c in splits.values())
                  and quarantine_rows == sum(c["quarantined"] for c in splits.values())
                  and all(splits.get(s, {}).get("rows_in") == n for s, n in in_files.items()))
     return {"splits": splits, "quarantine_file_rows": quarantine_rows,
             "rows_in_world_files": in_files, "accounted": accounted}
+
+
+def _lines(path: Path) -> int:
+    """Rows of a JSONL file as lines (a malformed file's rows too)."""
+    return sum(1 for line in path.read_text(errors="replace").splitlines() if line.strip())
 
 
 def disk_figures(data: Path) -> dict[str, int]:
