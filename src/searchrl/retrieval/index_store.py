@@ -56,6 +56,7 @@ from searchrl.data.io import (
     read_passages,
     read_qa,
 )
+from searchrl.engine import RayEngine
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.bm25 import BM25Index, Ranking
 from searchrl.retrieval.dense import (
@@ -350,9 +351,10 @@ class _Components:
     (`_component`); the corpus is parsed only if some component must be built."""
 
     def __init__(self, corpus_path: Path, out_dir: Path, config: IndexConfig,
-                 progress: bool, embedding_cache: Path | None = None) -> None:
+                 progress: bool, embedding_cache: Path | None = None,
+                 engine: RayEngine | None = None) -> None:
         self.corpus_path, self.out_dir, self.config = corpus_path, out_dir, config
-        self.progress = progress
+        self.progress, self.engine = progress, engine
         self.embedding_cache = embedding_cache or out_dir / "embedding_cache"
         self.corpus_fp = fingerprint(corpus_path)
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -420,7 +422,8 @@ class _Components:
                     for chunk in iter_passage_chunks(self.corpus_path, CORPUS_CHUNK))
 
         report = embed_corpus(texts, EmbeddingCache(self.embedding_cache, self.config),
-                              self.config, tmp / "embeddings.npy", progress=self.progress)
+                              self.config, tmp / "embeddings.npy", progress=self.progress,
+                              engine=self.engine)
         self.encoder = report.encoder
         return report.manifest()
 
@@ -456,7 +459,8 @@ class _Components:
 def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
                 eval_sets: dict[str, Path] | None, sink: MetricsSink, *,
                 name: str = MAIN_CORPUS, progress: bool = True,
-                embedding_cache: Path | None = None) -> IndexBuildResult:
+                embedding_cache: Path | None = None,
+                engine: RayEngine | None = None) -> IndexBuildResult:
     """Index one corpus into `out_dir` (reusing components whose manifests match), scan it
     for poisoning, measure recall@k on `eval_sets` (name -> QA file with supporting_doc_ids),
     and log metrics (prefixed `name.`) and the scan report to `sink`.
@@ -471,7 +475,8 @@ def build_index(corpus_path: Path, out_dir: Path, config: IndexConfig,
     _remove_stale_temps(out_dir)
     (out_dir / DIR_MANIFEST).unlink(missing_ok=True)
     wanted = components_for(config)
-    components = _Components(Path(corpus_path), out_dir, config, progress, embedding_cache)
+    components = _Components(Path(corpus_path), out_dir, config, progress, embedding_cache,
+                             engine)
     components.build(wanted)
     top = components.index_manifest(name, wanted)
     atomic_write_text(out_dir / DIR_MANIFEST, json.dumps(top, indent=2, sort_keys=True))
@@ -527,7 +532,8 @@ def measure_recall(searcher: LocalSearcher, qa_path: Path, ks: Sequence[int],
 
 def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[str, Path]],
                   stage_dir: Path, config: IndexConfig, sink: MetricsSink,
-                  progress: bool = True) -> tuple[str, list[IndexBuildResult]]:
+                  progress: bool = True, engine: RayEngine | None = None
+                  ) -> tuple[str, list[IndexBuildResult]]:
     """`build_index` for each corpus (name -> path) into `stage_dir/<name>`, then
     `stage_dir/manifest.json` (written last) and `stage_dir/report.json`. Corpora with the
     same content are indexed once, under the first name (prepare-data points every extra
@@ -546,7 +552,8 @@ def build_indexes(corpora: Mapping[str, Path], eval_sets: Mapping[str, Mapping[s
     for name, built in aliases.items():
         measured.setdefault(built, {}).update(eval_sets.get(name, {}))
     results = [build_index(corpora[name], stage_dir / name, config, sets, sink, name=name,
-                           progress=progress, embedding_cache=stage_dir / "embedding_cache")
+                           progress=progress, embedding_cache=stage_dir / "embedding_cache",
+                           engine=engine)
                for name, sets in measured.items()]
     combined = _key_fingerprint({r.name: r.fingerprint for r in results})
     report = {r.name: {"passages": r.passages, "fingerprint": r.fingerprint,
