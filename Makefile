@@ -34,8 +34,11 @@ demo: install  ## the whole pipeline on the embedded default (tiny model, bundle
 	  if [ $$rc -eq 1 ]; then echo "demo finished: the gate decided NO-GO (exit 1), see the report"; \
 	  else exit $$rc; fi
 
+# Two workers (pytest-xdist), a test file to a worker: module fixtures (a trained tiny policy,
+# an index) are built once per file, as in a serial run. PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
 test: install  ## the default test run (slow tests excluded)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test-all: install
 	$(BIN)/python -m pytest -q -m ''
