@@ -1,17 +1,19 @@
 """prefect.yaml's gold-set trigger and prefect-automations.yaml, read by Prefect's own models
-(as `prefect deploy` and `prefect automation create --from-file` read them): they parse, and
+(as `prefect deploy` and flows/automations.py read them): they parse, and
 they match the events the pipeline and the steward CLIs send, and nothing else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import yaml
 from prefect.cli.deploy._triggers import _initialize_deployment_triggers
-from prefect.events.schemas.automations import AutomationCore, EventTrigger
-from prefect.events.schemas.events import Resource
+from prefect.events.schemas.automations import EventTrigger
+from prefect.events.schemas.events import Resource, ResourceSpecification
 
+from flows.automations import AUTOMATIONS_FILE, load_automations
 from searchrl.config import PipelineConfig
 from searchrl.notify import GOLD_SET_RESOURCE, GOLD_SET_UPDATED
 from tasks.events import pipeline_resource
@@ -42,20 +44,37 @@ def test_weekly_deployment_also_runs_on_gold_set_updates() -> None:
     assert not _matches(trigger, GOLD_SET_UPDATED, "searchrl.pipeline.tiny")
 
 
-def test_example_automations_parse_and_match_our_events() -> None:
-    spec = yaml.safe_load((ROOT / "prefect-automations.yaml").read_text())
-    automations = {a["name"]: AutomationCore.model_validate(a) for a in spec["automations"]}
+def test_automations_parse_and_match_our_events() -> None:
+    """Read as flows/automations.py installs them (block ids filled in)."""
+    automations = {a.name: a for a in load_automations(AUTOMATIONS_FILE, UUID(int=1))}
     resource = pipeline_resource(PipelineConfig())["prefect.resource.id"]
     no_go = automations["searchrl-no-go"].trigger
-    failed = automations["searchrl-failed"].trigger
+    failed = automations["searchrl-run-failed"].trigger
+    data = automations["searchrl-data"].trigger
     assert isinstance(no_go, EventTrigger) and isinstance(failed, EventTrigger)
+    assert isinstance(data, EventTrigger)
     assert _matches(no_go, "searchrl.decision.no-go", resource)
     assert not _matches(no_go, "searchrl.decision.go", resource)
-    assert _matches(failed, "searchrl.stage.failed", "searchrl.stage.train_policy")
-    assert _matches(failed, "searchrl.quarantine.over-threshold", resource)
-    assert all(a.actions[0].type == "send-notification" for a in automations.values())
-    # every event name they wait for is one tasks/events.py sends
+    assert _matches(data, "searchrl.quarantine.over-threshold", resource)
+    assert _matches(data, "searchrl.data.drift", resource)
+    # Prefect's own state events of our flow's runs, not of any other flow's
+    ours = Resource({"prefect.resource.id": "prefect.flow.1", "prefect.resource.role": "flow",
+                     "prefect.resource.name": "searchrl-pipeline"})
+    other = Resource({"prefect.resource.id": "prefect.flow.2", "prefect.resource.role": "flow",
+                      "prefect.resource.name": "some-other-flow"})
+    run = Resource({"prefect.resource.id": "prefect.flow-run.1"})
+    for state in ("Failed", "Crashed", "TimedOut"):
+        assert f"prefect.flow-run.{state}" in failed.expect
+    assert failed.match.matches(run)
+    related = (failed.match_related if isinstance(failed.match_related, list)
+               else [failed.match_related])
+    assert all(isinstance(m, ResourceSpecification) for m in related)
+    assert any(m.matches(ours) for m in related if isinstance(m, ResourceSpecification))
+    assert not any(m.matches(other) for m in related if isinstance(m, ResourceSpecification))
+    assert all(a.actions[0].type == "send-notification" and
+               a.actions[0].block_document_id == UUID(int=1) for a in automations.values())
+    # every searchrl event name they wait for is one tasks/events.py sends
     sent = (ROOT / "tasks" / "events.py").read_text()
-    for trigger in (no_go, failed):
+    for trigger in (no_go, data):
         for name in trigger.expect:
-            assert name.rsplit(".", 1)[0] in sent, name
+            assert f'"{name}"' in sent or name.rsplit(".", 1)[0] in sent, name
