@@ -91,6 +91,9 @@ def test_the_week_table_and_figure(tmp_path: Path) -> None:
     weeks = [_week(1, completed=True), _week(2, completed=False, fault="retriever_down")]
     table = report.weeks_table(weeks).splitlines()
     assert len(table) == 4
-    assert "| 2 | retriever_down | 20 | 2 | FAILED exit 7: down: :9 | - | v2 | 1 (True)" in table[3]
+    assert ("| 2 | retriever_down | 20 | 2 | FAILED exit 7: down: :9 | - | v2 | 1 (accounted: "
+            "True)") in table[3]
+    weeks[1]["runs"] = [{"status": "FAILED", "stages": ["validate_gold_labels"]}]
+    assert report.quarantined(weeks[1]) == "- (validation refused the files)"
     assert "NO-GO" in report.week_line(weeks[0])
     assert report.plot_weeks(weeks, tmp_path / "weeks.png").stat().st_size > 0

@@ -23,6 +23,17 @@ def outcome(week: dict[str, Any]) -> str:
     return f"FAILED exit {last['exit_code']}" + (f": {message[-1][:90]}" if message else "")
 
 
+def quarantined(week: dict[str, Any]) -> str:
+    """Rows quarantined and whether every row is accounted for; `-` when validation itself
+    refused this week's files (nothing was validated: the audit on disk is an earlier one)."""
+    runs = week.get("runs") or []
+    if not week.get("completed") and runs and runs[-1]["stages"] == ["validate_gold_labels"]:
+        return "- (validation refused the files)"
+    q = week.get("quarantine") or {}
+    count = sum(c["quarantined"] for c in q.get("splits", {}).values())
+    return f"{count} (accounted: {q.get('accounted')})"
+
+
 def _version(reg: dict[str, Any], alias: str) -> str:
     found = reg.get(alias)
     return "-" if not found else f"v{found['version']}"
@@ -32,29 +43,25 @@ def week_line(week: dict[str, Any]) -> str:
     attempts = week["attempts"]
     killed = " (killed, rerun)" if any(a.get("killed") for a in attempts) else ""
     stages = sum(len(r["stages"]) for r in week.get("runs", []))
-    q = week.get("quarantine") or {}
-    quarantined = sum(c["quarantined"] for c in q.get("splits", {}).values())
     return (f"week {week['week']:>2} {week.get('fault') or '':<20} {week['seconds']:>6.0f} s"
             f"{killed} stages run {stages}; {outcome(week)}; champion "
             f"{_version(week['registry'], 'champion')}, challenger "
-            f"{_version(week['registry'], 'challenger')}; quarantined {quarantined} "
-            f"(accounted: {q.get('accounted')}); disk {week['disk']['total'] / MB:.1f} MB")
+            f"{_version(week['registry'], 'challenger')}; quarantined {quarantined(week)}; "
+            f"disk {week['disk']['total'] / MB:.1f} MB")
 
 
 def weeks_table(weeks: list[dict[str, Any]]) -> str:
     rows = ["| week | fault | seconds | stages run | outcome | champion | challenger | "
-            "quarantined (accounted) | disk MB (work / MLflow / cache) |",
+            "quarantined | disk MB (work / MLflow / cache) |",
             "|---:|---|---:|---:|---|---|---|---|---|"]
     for w in weeks:
-        q = w.get("quarantine") or {}
-        quarantined = sum(c["quarantined"] for c in q.get("splits", {}).values())
         d = w["disk"]
         stages = sum(len(r["stages"]) for r in w.get("runs", []))
         killed = " (killed, rerun)" if any(a.get("killed") for a in w["attempts"]) else ""
         rows.append(
             f"| {w['week']} | {w.get('fault') or ''}{killed} | {w['seconds']:.0f} | {stages} | "
             f"{outcome(w)} | {_version(w['registry'], 'champion')} | "
-            f"{_version(w['registry'], 'challenger')} | {quarantined} ({q.get('accounted')}) "
+            f"{_version(w['registry'], 'challenger')} | {quarantined(w)} "
             f"| {d['total'] / MB:.1f} ({d['work'] / MB:.1f} / "
             f"{(d['mlflow_artifacts'] + d['mlflow_db']) / MB:.1f} / "
             f"{d['embedding_cache'] / MB:.2f}) |")
@@ -72,8 +79,8 @@ def plot_weeks(weeks: list[dict[str, Any]], path: Path) -> Path:
                         ("embedding_cache", "embedding cache"),
                         ("prefect_results", "Prefect results")):
         disk.plot(x, [w["disk"][part] / MB for w in weeks], marker=".", label=label)
-    disk.set(title="disk used after each week (retention applied)", xlabel="week",
-             ylabel="MB")
+    disk.set_title("disk used after each week (retention applied)", fontsize=9)
+    disk.set(xlabel="week", ylabel="MB")
     disk.legend(fontsize=7)
     colors = ["tab:red" if not w.get("completed") else
               "tab:orange" if w.get("fault") else "tab:blue" for w in weeks]
@@ -82,20 +89,34 @@ def plot_weeks(weeks: list[dict[str, Any]], path: Path) -> Path:
         if w.get("fault"):
             times.annotate(w["fault"].replace("_", " "), (w["week"], w["seconds"]),
                            rotation=90, fontsize=6, ha="center", va="bottom")
-    times.set(title="seconds per week (red: failed, orange: a fault week that completed)",
-              xlabel="week", ylabel="seconds")
+    times.set_title("seconds per week (red: failed; orange: a fault week that completed)",
+                    fontsize=9)
+    times.set(xlabel="week", ylabel="seconds")
     for alias, style in (("champion", "-o"), ("challenger", "--x")):
         line.plot(x, [int(w["registry"][alias]["version"]) if w["registry"].get(alias)
                       else float("nan") for w in weeks], style, label=alias)
-    line.set(title="registry: champion and challenger versions (none: no GO yet)",
-             xlabel="week", ylabel="model version")
+    line.set_title("registry after each week: champion and challenger versions "
+                   "(no champion: no GO)", fontsize=9)
+    line.set(xlabel="week", ylabel="model version")
     line.legend(fontsize=7)
     q = [w.get("quarantine") or {} for w in weeks]
+    refused = [quarantined(w).startswith("-") for w in weeks]
+    for key, style in (("rows_in", "-o"), ("clean", "--x")):
+        quarantine.plot(x, [v.get("splits", {}).get("train", {}).get(key, float("nan"))
+                            if not r else float("nan") for v, r in zip(q, refused, strict=True)],
+                        style, label=f"train {key}")
     quarantine.bar(x, [sum(c["quarantined"] for c in v.get("splits", {}).values())
-                       for v in q], color=["tab:green" if v.get("accounted") else "tab:red"
-                                           for v in q])
-    quarantine.set(title="quarantined rows (green: every row accounted for)", xlabel="week",
-                   ylabel="rows")
+                       for v in q],
+                   color=["tab:green" if v.get("accounted") else "tab:red" for v in q],
+                   label="quarantined (all sets)")
+    for w, r in zip(weeks, refused, strict=True):
+        if r:
+            quarantine.annotate("refused", (w["week"], 0), rotation=90, fontsize=6,
+                                ha="center", va="bottom", color="tab:red")
+    quarantine.set_title("validated rows: in, clean, quarantined (red text: validation "
+                         "refused the file)", fontsize=9)
+    quarantine.set(xlabel="week", ylabel="rows")
+    quarantine.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
 
