@@ -35,9 +35,10 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(6, "too many rows quarantined (validate.max_quarantine_fraction): see the audit "
                 "report", ("QuarantineThresholdError",)),
     ExitCode(7, "a service refused or is unreachable (retrieval service, search, tracking "
-                "store, frontier endpoint), or too many of a stage's searches failed",
+                "store, frontier endpoint, the Ray cluster of engine.address), or too many of "
+                "a stage's searches failed",
              ("ServiceError", "SearchError", "TrackingError", "EndpointError",
-              "RetrieverFailedError")),
+              "RetrieverFailedError", "EngineError")),
     ExitCode(8, "an artifact on disk is incomplete or does not match (checkpoint, index)",
              ("CheckpointError", "IndexStoreError")),
     ExitCode(9, "training failed (ranks, DeepSpeed setup, non-finite steps)",

@@ -46,6 +46,7 @@ from searchrl.data.io import (
     read_qa,
 )
 from searchrl.data.sources import source_fingerprint
+from searchrl.engine import open_engine
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
@@ -256,7 +257,9 @@ def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) 
     _begin(stage_dir)
     sink.log_params(config.to_dict()["index"])
     corpora, evals = corpora_of(dataset)
-    combined, results = build_indexes(corpora, evals, stage_dir, config.index, sink)
+    with open_engine(config.engine) as engine:  # dense embedding shards run on it
+        combined, results = build_indexes(corpora, evals, stage_dir, config.index, sink,
+                                          engine=engine)
     sink.log_metrics({"passages": float(sum(r.passages for r in results)),
                       "build_seconds": sum(r.build_seconds for r in results),
                       "index_bytes": float(sum(r.index_bytes for r in results))})
@@ -523,58 +526,61 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
     up in the sink's tracking store."""
     started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).eval_dir
-    _begin_fresh(out_dir)
-    split = config.eval.split
-    if split not in dataset.paths:
-        raise StageInputError(f"eval.split={split!r} is not in the validated dataset "
-                              f"(splits: {sorted(dataset.paths)})")
-    extra_sets = eval_sets_of(config, dataset)
-    sink.log_params(config.to_dict()["eval"])
-    sink.set_tags({"data.eval": dataset.fingerprints.get(split, ""),
-                   "policy": checkpoint.fingerprint})
-    result = evaluate_stage(config, eval_path=dataset.paths[split], index_dir=index.index_dir,
-                            policy_dir=checkpoint.policy_dir, sft_dir=checkpoint.sft_dir,
-                            rs_dir=checkpoint.rs_dir,
-                            out_dir=out_dir, tracking_uri=sink.tracking_uri,
-                            extra_sets=extra_sets, selection=policy_selection(checkpoint),
-                            train_path=dataset.paths.get("train"),
-                            searchers=searchers_for(config, searchers))
-    metrics: dict[str, float] = {"n_questions": result.n_questions,
-                                 "suspect_labels": result.n_suspects}
-    for name, s in result.systems.items():
-        summary = s.summary
-        metrics |= {f"{name}.em": summary.em.mean, f"{name}.em_lo": summary.em.lo,
-                    f"{name}.em_hi": summary.em.hi, f"{name}.f1": summary.f1.mean,
-                    f"{name}.searches_per_question": summary.searches_per_question,
-                    f"{name}.format_rate": summary.format_rate,
-                    f"{name}.tokens_per_query": summary.tokens_per_query,
-                    f"{name}.latency_s": summary.latency_s}
-    for name, d in result.deltas.items():
-        metrics |= {f"delta_em.{name}": d.mean, f"delta_em.{name}_lo": d.lo,
-                    f"delta_em.{name}_hi": d.hi}
-    for set_name, one in result.extra_sets.items():
-        metrics[f"{set_name}/n_questions"] = float(one.n_questions)
-        for name, summary in one.systems.items():
-            metrics |= {f"{set_name}/{name}.em": summary.em.mean,
-                        f"{set_name}/{name}.em_lo": summary.em.lo,
-                        f"{set_name}/{name}.em_hi": summary.em.hi,
-                        f"{set_name}/{name}.f1": summary.f1.mean,
-                        f"{set_name}/{name}.searches_per_question":
-                            summary.searches_per_question,
-                        f"{set_name}/{name}.format_rate": summary.format_rate}
-        for name, d in one.deltas.items():
-            metrics[f"{set_name}/delta_em.{name}"] = d.mean
-    sink.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
-    # Top-level files only: a downloaded champion policy is not an evaluation artifact.
-    for path in sorted(out_dir.iterdir()):
-        if path.is_file():
-            sink.log_artifact(path, "evaluation")
-    if (out_dir / SETS_DIR).is_dir():
-        sink.log_artifact(out_dir / SETS_DIR, "evaluation")
-    results_path = out_dir / RESULTS_FILE
-    return _finish(EvalRef(results_path=str(results_path), fingerprint=fingerprint(results_path),
-                           files=files_of(results_path), mlflow_run_id=sink.run_id,
-                           seconds=time.perf_counter() - started, devices=1), out_dir)
+    with stage_dir_lock(out_dir):
+        _begin_fresh(out_dir)
+        split = config.eval.split
+        if split not in dataset.paths:
+            raise StageInputError(f"eval.split={split!r} is not in the validated dataset "
+                                  f"(splits: {sorted(dataset.paths)})")
+        extra_sets = eval_sets_of(config, dataset)
+        sink.log_params(config.to_dict()["eval"])
+        sink.set_tags({"data.eval": dataset.fingerprints.get(split, ""),
+                       "policy": checkpoint.fingerprint})
+        with open_engine(config.engine) as engine:  # rollout chunks run on it
+            result = evaluate_stage(
+                config, eval_path=dataset.paths[split], index_dir=index.index_dir,
+                policy_dir=checkpoint.policy_dir, sft_dir=checkpoint.sft_dir,
+                rs_dir=checkpoint.rs_dir, out_dir=out_dir, tracking_uri=sink.tracking_uri,
+                extra_sets=extra_sets, selection=policy_selection(checkpoint),
+                train_path=dataset.paths.get("train"),
+                searchers=searchers_for(config, searchers), engine=engine)
+        metrics: dict[str, float] = {"n_questions": result.n_questions,
+                                     "suspect_labels": result.n_suspects}
+        for name, s in result.systems.items():
+            summary = s.summary
+            metrics |= {f"{name}.em": summary.em.mean, f"{name}.em_lo": summary.em.lo,
+                        f"{name}.em_hi": summary.em.hi, f"{name}.f1": summary.f1.mean,
+                        f"{name}.searches_per_question": summary.searches_per_question,
+                        f"{name}.format_rate": summary.format_rate,
+                        f"{name}.tokens_per_query": summary.tokens_per_query,
+                        f"{name}.latency_s": summary.latency_s}
+        for name, d in result.deltas.items():
+            metrics |= {f"delta_em.{name}": d.mean, f"delta_em.{name}_lo": d.lo,
+                        f"delta_em.{name}_hi": d.hi}
+        for set_name, one in result.extra_sets.items():
+            metrics[f"{set_name}/n_questions"] = float(one.n_questions)
+            for name, summary in one.systems.items():
+                metrics |= {f"{set_name}/{name}.em": summary.em.mean,
+                            f"{set_name}/{name}.em_lo": summary.em.lo,
+                            f"{set_name}/{name}.em_hi": summary.em.hi,
+                            f"{set_name}/{name}.f1": summary.f1.mean,
+                            f"{set_name}/{name}.searches_per_question":
+                                summary.searches_per_question,
+                            f"{set_name}/{name}.format_rate": summary.format_rate}
+            for name, d in one.deltas.items():
+                metrics[f"{set_name}/delta_em.{name}"] = d.mean
+        sink.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
+        # Top-level files only: a downloaded champion policy is not an evaluation artifact.
+        for path in sorted(out_dir.iterdir()):
+            if path.is_file():
+                sink.log_artifact(path, "evaluation")
+        if (out_dir / SETS_DIR).is_dir():
+            sink.log_artifact(out_dir / SETS_DIR, "evaluation")
+        results_path = out_dir / RESULTS_FILE
+        return _finish(EvalRef(results_path=str(results_path),
+                               fingerprint=fingerprint(results_path),
+                               files=files_of(results_path), mlflow_run_id=sink.run_id,
+                               seconds=time.perf_counter() - started, devices=1), out_dir)
 
 
 def _champion_version(config: PipelineConfig) -> str:

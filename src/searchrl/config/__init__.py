@@ -30,6 +30,7 @@ from searchrl.config.data import (
     SyntheticWorldConfig,
     check_set_names,
 )
+from searchrl.config.engine import EngineConfig
 from searchrl.config.eval import EvalConfig, FrontierConfig
 from searchrl.config.gate import GateConfig
 from searchrl.config.index import IndexConfig

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, model_validator
 from searchrl.config.base import Section, inputs_of
 from searchrl.config.curriculum import CurriculumConfig
 from searchrl.config.data import DataConfig
+from searchrl.config.engine import EngineConfig
 from searchrl.config.eval import EvalConfig
 from searchrl.config.gate import GateConfig
 from searchrl.config.index import IndexConfig
@@ -37,6 +38,7 @@ class PipelineConfig(Section):
     eval: EvalConfig = EvalConfig()
     gate: GateConfig = GateConfig()
     retention: RetentionConfig = RetentionConfig()
+    engine: EngineConfig = EngineConfig()  # where sharded work runs (operational)
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -115,11 +115,16 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
     return specs, notes
 
 
+def is_endpoint(spec: SystemSpec) -> bool:
+    """Whether `spec` is answered by a remote endpoint (the frontier), not a local policy."""
+    return spec.policy.startswith(_FRONTIER_PREFIX)
+
+
 def system_policy(spec: SystemSpec, config: PipelineConfig) -> dict[str, Any]:
     """What `make_generator` needs for one system: its saved policy directory, or (the
     random-init baseline, which has none) a freshly built model with its tokenizer, or (the
     frontier) the endpoint's settings with the tokenizer the rollout encodes its text with."""
-    if spec.policy.startswith(_FRONTIER_PREFIX):
+    if is_endpoint(spec):
         if config.eval.frontier is None:
             raise ValueError(f"system {spec.name!r} needs eval.frontier (an endpoint) set")
         return {"frontier": config.eval.frontier,

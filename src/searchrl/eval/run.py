@@ -18,6 +18,12 @@ evaluation is complete):
                                  every set)
 
 The result types and their readers are in `searchrl.eval.results`.
+
+With a Ray engine (`engine.kind: ray`, `searchrl.engine`) each system's questions are cut
+into the same `eval.batch_size` chunks as here and the chunks run on the engine's workers,
+each holding one policy and one searcher (loaded from the corpus index every node sees), so
+every question gets the rollout it gets locally (tests/faults/test_ray_engine.py). Systems
+still run one after another; the scripted system and an endpoint (the frontier) run here.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, manifest_path, read_qa, write_jsonl
 from searchrl.data.sources import extra_eval_split
+from searchrl.engine import RayEngine, WorkerState
 from searchrl.eval.audit import (
     audit_rollouts,
     final_turn_confidence,
@@ -43,7 +50,13 @@ from searchrl.eval.audit import (
     retrieved_ids,
     tier_counts,
 )
-from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems, system_policy
+from searchrl.eval.baselines import (
+    TRAINED,
+    SystemSpec,
+    is_endpoint,
+    plan_systems,
+    system_policy,
+)
 from searchrl.eval.label_studio import TASKS_SUFFIX, write_label_studio
 from searchrl.eval.metrics import (
     QuestionResult,
@@ -75,7 +88,7 @@ from searchrl.generation.openai_compat import (
 )
 from searchrl.paths import safe_filename
 from searchrl.retrieval.base import Searcher
-from searchrl.retrieval.index_store import load_corpus_searcher, resolve_corpus
+from searchrl.retrieval.index_store import MAIN_CORPUS, load_corpus_searcher, resolve_corpus
 from searchrl.retrieval.provider import SearcherProvider
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rewards import exact_match, f1
@@ -122,10 +135,62 @@ class _SystemRun:
     incomplete: str | None = None
 
 
+@dataclass(frozen=True)
+class Remote:
+    """Rollouts on an engine's workers, which search `corpus_dir` (the index the local
+    searcher of the same evaluation reads)."""
+
+    engine: RayEngine
+    corpus_dir: Path
+
+
+def _rollouts_on_worker(state: WorkerState,
+                        item: tuple[PipelineConfig, SystemSpec, Path, list[QAExample]]
+                        ) -> tuple[list[RolloutRecord], float]:
+    """One chunk of one system on an engine worker: its records and seconds. The worker
+    keeps one policy and one searcher, reloaded only when a chunk names another."""
+    config, spec, corpus_dir, chunk = item
+    if spec.mode == "scripted":
+        raise ValueError("the scripted system runs in the stage's process, not on workers")
+    generator = state.get("policy", spec.policy,
+                          lambda: make_generator(config, **system_policy(spec, config)))
+    searcher = state.get("searcher", corpus_dir,
+                         lambda: load_corpus_searcher(corpus_dir, config.index))
+    t0 = time.perf_counter()
+    batch = run_rollouts(chunk, generator, searcher, config.rollout, config.reward,
+                         group_size=1, greedy=True, seed=config.run.seed, mode=spec.mode)
+    return batch.records, time.perf_counter() - t0
+
+
+def _run_system_on(remote: Remote, spec: SystemSpec, examples: Sequence[QAExample],
+                   config: PipelineConfig,
+                   progress: Callable[[str, int, int], None] | None) -> _SystemRun:
+    """`_run_system` with its chunks on the engine's workers, merged in question order."""
+    step = config.eval.batch_size
+    chunks = [list(examples[start:start + step]) for start in range(0, len(examples), step)]
+    out = _SystemRun()
+    done = 0
+    results = remote.engine.map(_rollouts_on_worker,
+                                ((config, spec, remote.corpus_dir, c) for c in chunks))
+    for chunk, (records, seconds) in zip(chunks, results, strict=True):
+        out.seconds += seconds
+        by_id = {ex.id: ex for ex in chunk}
+        for rec in records:
+            out.records.append(rec)
+            out.results.append(to_question_result(rec, by_id[rec.example_id],
+                                                  seconds / len(chunk)))
+        done += len(chunk)
+        if progress is not None:
+            progress(spec.name, done, len(examples))
+    return out
+
+
 def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searcher,
                 config: PipelineConfig,
-                progress: Callable[[str, int, int], None] | None) -> _SystemRun:
-    """Roll out `spec` greedily on `examples` in batches of `eval.batch_size`.
+                progress: Callable[[str, int, int], None] | None,
+                remote: Remote | None = None) -> _SystemRun:
+    """Roll out `spec` greedily on `examples` in batches of `eval.batch_size` (on the
+    workers of `remote` when given, unless `spec` is an endpoint).
 
     A metered system (an endpoint) counts its tokens from the endpoint's usage; when its
     request budget runs out, the batch in flight is dropped and the run is returned marked
@@ -134,6 +199,8 @@ def _run_system(spec: SystemSpec, examples: Sequence[QAExample], searcher: Searc
     """
     if spec.mode == "scripted":
         raise ValueError("the scripted system has no policy to roll out: _run_scripted runs it")
+    if remote is not None and not is_endpoint(spec):
+        return _run_system_on(remote, spec, examples, config, progress)
     mode = spec.mode
     generator = make_generator(config, **system_policy(spec, config))
     meter = generator if isinstance(generator, MeteredEndpoint) else None
@@ -221,7 +288,7 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
              config: PipelineConfig, out_dir: Path, *, eval_set: str,
              notes: Sequence[str] = (),
              progress: Callable[[str, int, int], None] | None = None,
-             audit_split: str | None = None) -> EvalResult:
+             audit_split: str | None = None, remote: Remote | None = None) -> EvalResult:
     """Run every system greedily on `examples`; write the files in the module docstring
     (results.json last).
 
@@ -232,7 +299,8 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
     (default: `eval_set` up to its first ':').
     """
     result = _evaluate_systems(examples, systems, searcher, config, out_dir, eval_set=eval_set,
-                               notes=notes, progress=progress, audit_split=audit_split)
+                               notes=notes, progress=progress, audit_split=audit_split,
+                               remote=remote)
     write_results(result, out_dir)
     return result
 
@@ -247,7 +315,8 @@ def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpe
                       searcher: Searcher, config: PipelineConfig, out_dir: Path, *,
                       eval_set: str, notes: Sequence[str],
                       progress: Callable[[str, int, int], None] | None,
-                      audit_split: str | None = None) -> EvalResult:
+                      audit_split: str | None = None,
+                      remote: Remote | None = None) -> EvalResult:
     """`evaluate` without results.json (the caller writes it once everything is in)."""
     if not examples:
         raise ValueError(f"eval set {eval_set!r} is empty: nothing to evaluate")
@@ -267,7 +336,7 @@ def _evaluate_systems(examples: Sequence[QAExample], systems: Sequence[SystemSpe
         if spec.mode == "scripted":
             run, trajectories = _run_scripted(spec, examples, searcher, progress)
         else:
-            run = _run_system(spec, examples, searcher, config, progress)
+            run = _run_system(spec, examples, searcher, config, progress, remote)
             trajectories = [_trajectory_row(r) for r in run.records]
         if run.incomplete is not None:
             incomplete.append(f"{spec.name} is INCOMPLETE: {run.incomplete}")
@@ -329,8 +398,8 @@ TRAIN_SUSPECTS_FILE = "suspect_labels_train.jsonl"
 
 def audit_train_split(config: PipelineConfig, train_path: str | Path | None, policy_dir: str,
                       searcher: Searcher, out_dir: Path, *, system: str = "sft",
-                      progress: Callable[[str, int, int], None] | None = None
-                      ) -> AuditSummary | None:
+                      progress: Callable[[str, int, int], None] | None = None,
+                      remote: Remote | None = None) -> AuditSummary | None:
     """The label-noise audit of the train split's gold labels: `eval.audit_train_questions`
     questions sampled with `run.seed`, rolled out greedily by `policy_dir` (the SFT start: it
     has not been rewarded towards the train golds), pooled and tiered like the eval audit.
@@ -347,7 +416,7 @@ def audit_train_split(config: PipelineConfig, train_path: str | Path | None, pol
     if not sample:
         return None
     spec = SystemSpec(system, policy_dir, "agentic", "label-noise audit of the train split")
-    run = _run_system(spec, sample, searcher, config, progress)
+    run = _run_system(spec, sample, searcher, config, progress, remote)
     suspects = audit_rollouts(run.records, {ex.id: ex for ex in sample}, split="train",
                               min_confidence=config.eval.audit_min_confidence,
                               near_miss_ratio=config.eval.audit_near_miss_ratio, system=system)
@@ -364,7 +433,8 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
                    progress: Callable[[str, int, int], None] | None = None,
                    train_path: str | Path | None = None,
                    selection: Mapping[str, Any] | None = None,
-                   searchers: SearcherProvider | None = None) -> EvalResult:
+                   searchers: SearcherProvider | None = None,
+                   engine: RayEngine | None = None) -> EvalResult:
     """Evaluate the trained policy and the configured baselines on `eval_path` (searched in
     the main corpus), then on each extra eval set (name -> QA file, searched in the corpus
     indexed under `<index_dir>/<name>`, at most `eval.max_questions_per_set` questions),
@@ -373,7 +443,8 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
     (`policy_selection`) says which checkpoint of the run `policy_dir` is.
 
     The champion baseline is looked up in the model registry of `tracking_uri` (skipped with
-    a note when there is none, or no tracking store).
+    a note when there is none, or no tracking store). With `engine`, the rollouts run on its
+    workers (module docstring).
     """
     (out_dir / RESULTS_FILE).unlink(missing_ok=True)
     # A set dropped from the config must not linger among this evaluation's artifacts.
@@ -397,9 +468,14 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
         train_path = Path(eval_path).with_name("train.jsonl")
     systems, notes = _with_train_split(systems, notes, train_path)
     searcher = (searchers or SearcherProvider(config.index)).searcher(index_dir)
+
+    def remote_for(corpus: str) -> Remote | None:
+        return (None if engine is None
+                else Remote(engine, resolve_corpus(Path(index_dir), corpus)))
+
     main = _evaluate_systems(examples, systems, searcher, config, out_dir,
                              eval_set=f"{config.eval.split}:{Path(eval_path).name}",
-                             notes=notes, progress=progress)
+                             notes=notes, progress=progress, remote=remote_for(MAIN_CORPUS))
     sets: dict[str, SetResult] = {}
     more: list[str] = []
     if extra_sets and config.index.mode == "service":
@@ -415,11 +491,11 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
         # The split name validation (and so a steward override) gives an extra eval set.
         one = evaluate(set_examples, systems, set_searcher, config, set_dir,
                        eval_set=f"{name}:{Path(qa_path).name}", progress=progress,
-                       audit_split=extra_eval_split(name))
+                       audit_split=extra_eval_split(name), remote=remote_for(name))
         sets[name] = one.set_result(name, str(set_dir / RESULTS_FILE))
     train_audit = audit_train_split(config, train_path, sft_dir or policy_dir, searcher,
                                     out_dir, system="sft" if sft_dir else TRAINED,
-                                    progress=progress)
+                                    progress=progress, remote=remote_for(MAIN_CORPUS))
     result = dataclasses.replace(main, extra_sets=sets, notes=(*main.notes, *more),
                                  train_audit=train_audit,
                                  policy_selection=dict(selection or {}))

@@ -18,11 +18,11 @@ were computed in the batches of the build that first embedded them: on CPU a tex
 moves by <= 1e-7 with its batch's other members (padding), never more.
 
 Local devices: `index.encoder_workers` processes (torch.multiprocessing, spawn), one per GPU by
-default, each loading the encoder once and writing its shards itself. Several nodes: not run
-here. Every shard is a pure function of (cache identity, its texts), so any engine that can
-run `embed_shard` on a node that sees a shared cache directory can fan the shards out (e.g.
-Ray Data `map_batches` over `plan_shards`' output with one GPU per actor); the build run
-afterwards finds every shard cached and only assembles. See docs/results/dense_scale.md.
+default, each loading the encoder once and writing its shards itself. Several nodes
+(`engine.kind: ray`): the same shards on the Ray engine's workers (`searchrl.engine`), each
+loading the encoder once and writing to the cache directory every node sees; a shard is a
+pure function of (cache identity, its texts), so the vectors are the local ones bit for bit
+and a shard whose worker died runs again elsewhere (tests/faults/test_ray_engine.py).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from searchrl.config import IndexConfig
 from searchrl.data.io import atomic_write_text, atomic_writer
+from searchrl.engine import RayEngine, WorkerState
 from searchrl.retrieval.dense import Encoder, encoder_device, encoder_dtype, encoder_hash, prefixes
 
 CACHE_FORMAT = 1
@@ -250,6 +251,23 @@ def run_shards(shards: Iterable[tuple[HashArray, list[str]]], config: IndexConfi
     return None
 
 
+def _embed_on_worker(state: WorkerState,
+                     item: tuple[IndexConfig, EmbeddingCache, HashArray, list[str]]) -> int:
+    """One shard on an engine worker, with the encoder the worker loaded once."""
+    config, cache, hashes, texts = item
+    encoder = state.get("encoder", cache.dir,
+                        lambda: Encoder(config, device=worker_devices(config)[0]))
+    return embed_shard(encoder, cache, hashes, texts)
+
+
+def run_shards_on(engine: RayEngine, shards: Iterable[tuple[HashArray, list[str]]],
+                  config: IndexConfig, cache: EmbeddingCache, bar: tqdm) -> None:
+    """`run_shards` on the engine's workers (streamed: a few shards per worker in flight)."""
+    items = ((config, cache, hashes, texts) for hashes, texts in shards)
+    for count in engine.map(_embed_on_worker, items):
+        bar.update(count)
+
+
 # --- the whole build
 
 
@@ -276,10 +294,11 @@ class EmbedReport:
 
 
 def embed_corpus(chunks: TextChunks, cache: EmbeddingCache, config: IndexConfig,
-                 out_path: Path, progress: bool = True) -> EmbedReport:
+                 out_path: Path, progress: bool = True,
+                 engine: RayEngine | None = None) -> EmbedReport:
     """Write `out_path` (.npy, row i = the i-th text of `chunks()`, normalised float32),
-    embedding only texts the cache lacks, shard by shard (module docstring). `chunks` is
-    called again for each pass over the corpus."""
+    embedding only texts the cache lacks, shard by shard (module docstring), on `engine`'s
+    workers when given. `chunks` is called again for each pass over the corpus."""
     cache.open()
     hashes = np.concatenate([text_hashes(c) for c in chunks()] or [np.zeros(0, HASH_DTYPE)])
     if not len(hashes):
@@ -294,8 +313,12 @@ def embed_corpus(chunks: TextChunks, cache: EmbeddingCache, config: IndexConfig,
     if n_shards:
         with tqdm(total=len(todo), desc="embedding", unit="passage",
                   disable=not progress) as bar:
-            encoder = run_shards(plan_shards(chunks(), todo, hashes, shard_size), config,
-                                 cache, devices, bar)
+            shards = plan_shards(chunks(), todo, hashes, shard_size)
+            if engine is None:
+                encoder = run_shards(shards, config, cache, devices, bar)
+            else:
+                run_shards_on(engine, shards, config, cache, bar)
+                devices = engine.worker_nodes()
     embed_seconds = time.perf_counter() - start
     dim = assemble(cache, hashes, out_path)
     embedded = int(np.isin(hashes, hashes[todo]).sum()) if n_shards else 0

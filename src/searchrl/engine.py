@@ -1,0 +1,292 @@
+"""Where a stage's data-parallel work runs: in its own process, or on Ray actors.
+
+`open_engine(config.engine)` gives a stage `None` (`engine.kind: local`: the stage runs its
+work as it always has) or a `RayEngine` connected to the cluster at `engine.address`. A
+stage hands the engine a module-level function `fn(state, item)` and its items; `map` runs
+them on a fixed set of Ray actors (the workers) and yields the results in item order. The
+`WorkerState` an actor keeps between items holds one object per slot (one encoder, one
+policy, one searcher), loaded on first use and replaced only when the item asks for another
+one, so a worker loads its model once per stage, not once per item.
+
+Why actors inside a stage, not Prefect's RayTaskRunner: the unit of caching, tracking and
+resuming stays the stage (one Prefect task, one MLflow run, one `ref.json`); the units
+fanned out (embedding shards, evaluation chunks) are thousands of small pure functions that
+need a loaded model, which stateless tasks would reload each time, and the library never
+imports Prefect.
+
+Faults: a worker whose actor or node dies mid-item is dropped and its items run again on
+the workers left (each item is a pure function of its inputs, so the bytes are the same); a
+stage with no worker left, or a cluster unreachable at start or lost mid-stage, fails with
+`EngineError` naming the address (exit code 7). What finished before (embedding shards in
+the content-hash cache) is reused by the rerun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from searchrl.config.base import ConfigError
+from searchrl.config.engine import EngineConfig
+
+T = TypeVar("T")
+R = TypeVar("R")
+# Items queued per worker: enough to keep it busy while a result travels back, few enough
+# that a streamed input (a corpus's shards) is never held whole.
+IN_FLIGHT_PER_WORKER = 2
+# How often a wait with nothing finished checks that the cluster is still there.
+LIVENESS_POLL_S = 5.0
+
+
+class EngineError(RuntimeError):
+    """The Ray cluster is unreachable, was lost, or has no worker left (exit code 7)."""
+
+
+class WorkerState:
+    """What one worker keeps between items: at most one object per slot."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, tuple[Hashable, Any]] = {}
+        self.loads = 0  # objects loaded so far (a test's evidence of once per worker)
+
+    def get(self, slot: str, key: Hashable, load: Callable[[], Any]) -> Any:
+        """The object in `slot` when it was loaded for `key`, else `load()` replacing it."""
+        held = self._slots.get(slot)
+        if held is not None and held[0] == key:
+            return held[1]
+        self._slots.pop(slot, None)  # free the old one before loading the new one
+        value = load()
+        self._slots[slot] = (key, value)
+        self.loads += 1
+        return value
+
+
+class _Worker:
+    """The actor: runs items with its state."""
+
+    def __init__(self, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.state = WorkerState()
+
+    def ready(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def run(self, fn: Callable[[WorkerState, Any], Any], item: Any) -> Any:
+        return fn(self.state, item)
+
+    def loads(self) -> int:
+        return self.state.loads
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """A TCP connect to host:port before Ray tries (Ray waits a minute on a wrong address)."""
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise EngineError(f"engine.address={address}: Ray cluster unreachable ({exc}); start "
+                          "it (`ray start --head`, README operations) or set engine.kind=local"
+                          ) from exc
+
+
+class RayEngine:
+    """Workers on a Ray cluster; see the module docstring."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        import ray
+
+        self.config = config
+        self.address = config.address
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            self._connect()
+        self.address = ray.get_runtime_context().gcs_address if config.address in (
+            "auto", "local") else config.address
+        self._actors: list[Any] = []
+        self._nodes: dict[Any, str] = {}
+
+    def _connect(self) -> None:
+        import ray
+
+        config = self.config
+        if config.address not in ("auto", "local"):
+            _check_reachable(config.address, config.connect_timeout_s)
+        elif config.address == "auto" and os.environ.get("RAY_ADDRESS", "").count(":"):
+            _check_reachable(os.environ["RAY_ADDRESS"], config.connect_timeout_s)
+        try:
+            ray.init(address=None if config.address == "local" else config.address,
+                     logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False)
+        except (ConnectionError, TimeoutError, RuntimeError) as exc:
+            raise EngineError(f"engine.address={config.address}: cannot connect to a Ray "
+                              f"cluster: {exc}") from exc
+
+    # --- workers
+
+    def workers(self) -> list[Any]:
+        """The actors, started on first use: `engine.workers` of them, or as many as the
+        cluster's resources fit, spread over its nodes."""
+        if self._actors:
+            return self._actors
+        import ray
+
+        config = self.config
+        total = self._call(ray.cluster_resources)
+        fit = total.get("CPU", 0.0) / config.worker_cpus
+        if config.worker_gpus:
+            fit = min(fit, total.get("GPU", 0.0) / config.worker_gpus)
+        count = config.workers or math.floor(fit)
+        if count < 1 or count > math.floor(fit + 1e-9):
+            raise EngineError(f"Ray cluster at {self.address} has {total.get('CPU', 0)} CPUs, "
+                              f"{total.get('GPU', 0)} GPUs: room for {math.floor(fit)} "
+                              f"workers of {config.worker_cpus} CPU / {config.worker_gpus} "
+                              f"GPU, engine.workers={config.workers} asked for {count}")
+        remote: Any = ray.remote(_Worker).options(
+            num_cpus=config.worker_cpus, num_gpus=config.worker_gpus, max_restarts=0,
+            scheduling_strategy="SPREAD")
+        threads = max(1, int(config.worker_cpus))
+        actors: list[Any] = [remote.remote(threads) for _ in range(count)]
+        try:
+            nodes = ray.get([a.ready.remote() for a in actors],
+                            timeout=config.worker_start_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            for actor in actors:
+                ray.kill(actor)
+            raise EngineError(f"Ray cluster at {self.address}: {count} workers did not start "
+                              f"within engine.worker_start_timeout_s="
+                              f"{config.worker_start_timeout_s}") from exc
+        self._actors = actors
+        self._nodes = dict(zip(actors, nodes, strict=True))
+        return actors
+
+    def worker_nodes(self) -> list[str]:
+        """The node id of each live worker."""
+        return [self._nodes[a] for a in self.workers()]
+
+    def loads(self) -> int:
+        """Objects loaded by the live workers so far (models, searchers)."""
+        import ray
+
+        return sum(self._call(ray.get, [a.loads.remote() for a in self.workers()]))
+
+    def _drop(self, actor: Any) -> None:
+        import ray
+
+        if actor in self._actors:
+            self._actors.remove(actor)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+    def _call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """A call to the cluster, its connection errors as EngineError."""
+        try:
+            return fn(*args, **kwargs)
+        except (ConnectionError, TimeoutError) as exc:
+            raise self._lost(exc) from exc
+
+    def _lost(self, exc: BaseException) -> EngineError:
+        return EngineError(f"lost the Ray cluster at {self.address} mid-stage ({exc}); rerun "
+                           "the stage when it is back: finished work is reused")
+
+    # --- running items
+
+    def map(self, fn: Callable[[WorkerState, T], R], items: Iterable[T]) -> Iterator[R]:
+        """`fn(state, item)` for every item on the workers, results in item order. An item
+        whose worker died runs again on another; `fn`'s own errors are raised as they are."""
+        import ray
+        from ray import exceptions as rex
+
+        lost_worker = (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError,
+                       rex.ObjectLostError)
+        source = enumerate(items)
+        retry: deque[tuple[int, T]] = deque()
+        flying: dict[Any, tuple[Any, int, T]] = {}
+        done: dict[int, R] = {}
+        next_out = 0
+        exhausted = False
+
+        def submit() -> None:
+            nonlocal exhausted
+            while True:
+                actors = self.workers()
+                if len(flying) >= IN_FLIGHT_PER_WORKER * len(actors):
+                    return
+                if retry:
+                    index, item = retry.popleft()
+                elif exhausted:
+                    return
+                else:
+                    got = next(source, None)
+                    if got is None:
+                        exhausted = True
+                        return
+                    index, item = got
+                load = {a: 0 for a in actors}
+                for actor, _, _ in flying.values():
+                    if actor in load:
+                        load[actor] += 1
+                actor = min(actors, key=load.__getitem__)
+                flying[actor.run.remote(fn, item)] = (actor, index, item)
+
+        submit()
+        while flying:
+            ready, _ = self._call(ray.wait, list(flying), num_returns=1,
+                                  timeout=LIVENESS_POLL_S)
+            if not ready:
+                self._call(ray.nodes)  # raises when the cluster itself is gone
+                continue
+            for ref in ready:
+                actor, index, item = flying.pop(ref)
+                try:
+                    done[index] = ray.get(ref)
+                except lost_worker:
+                    self._drop(actor)
+                    if not self._actors:
+                        raise EngineError(f"Ray cluster at {self.address}: every worker was "
+                                          "lost; rerun the stage: finished work is reused"
+                                          ) from None
+                    retry.append((index, item))
+                except rex.RayTaskError as exc:
+                    raise exc.cause from exc
+                except rex.RaySystemError as exc:
+                    raise self._lost(exc) from exc
+            submit()
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
+
+    def close(self) -> None:
+        """Stop the workers; leave the cluster (stopping it when this engine started it)."""
+        import ray
+
+        for actor in list(self._actors):
+            self._drop(actor)
+        if self._owns_ray:
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def open_engine(config: EngineConfig) -> Iterator[RayEngine | None]:
+    """The stage's engine: None for `local`, else a connected `RayEngine`, closed on exit."""
+    if config.kind == "local":
+        yield None
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("engine.kind=ray needs Ray: pip install -e '.[ray]' (or "
+                          "engine.kind=local)") from exc
+    engine = RayEngine(config)
+    try:
+        yield engine
+    finally:
+        engine.close()

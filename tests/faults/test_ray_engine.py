@@ -1,0 +1,198 @@
+"""The data-parallel stages on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
+CPU a node): dense vectors equal to the local ones bit for bit, each worker loading its
+encoder once; a node killed mid-stage, its shards rerun on the nodes left, same bytes; the
+evaluate stage's results equal to the local ones question for question; no Ray process left
+after the cluster stops. Slow (a cluster start costs ~10 s); CI runs it (.ci/run)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from searchrl.config import EngineConfig  # noqa: E402
+from searchrl.data.io import write_jsonl  # noqa: E402
+from searchrl.engine import RayEngine, open_engine  # noqa: E402
+from searchrl.eval.results import load_eval_result, read_question_results  # noqa: E402
+from searchrl.retrieval.embedding import (  # noqa: E402
+    EmbeddingCache,
+    assemble,
+    embed_corpus,
+    plan_shards,
+    rows_to_embed,
+    run_shards_on,
+    text_hashes,
+)
+from searchrl.retrieval.index_store import build_indexes  # noqa: E402
+from searchrl.sinks import NullSink  # noqa: E402
+from searchrl.stages import evaluate_policy  # noqa: E402
+from searchrl.types import CheckpointRef, DatasetRef, IndexRef  # noqa: E402
+from tests.helpers import save_tiny_policy  # noqa: E402
+from tests.unit.test_embedding_shards import CONFIG, make_corpus, texts_of  # noqa: E402
+from tests.unit.test_metrics_eval_run import DOCS, EXAMPLES, _config  # noqa: E402
+
+pytestmark = pytest.mark.slow
+N = 240  # 10 shards of 24
+
+
+def _ray_processes(session: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if session in cmdline:
+            found.append(f"{proc.pid} {proc.info['name']}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Head + one worker node, one CPU each; the driver connected; stopped at the end with
+    no raylet, GCS or worker process of its session left."""
+    local = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    local.add_node(num_cpus=1)
+    local.wait_for_nodes()
+    session = Path(local.head_node.get_session_dir_path()).name
+    ray.init(address=local.address, log_to_driver=False)
+    try:
+        yield local
+    finally:
+        ray.shutdown()
+        local.shutdown()
+    assert _ray_processes(session) == []
+
+
+def _engine(cluster: Cluster, **more: Any) -> EngineConfig:
+    return EngineConfig(**{"kind": "ray", "address": cluster.address, **more})
+
+
+@pytest.fixture(scope="module")
+def local_vectors(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    root = tmp_path_factory.mktemp("local")
+    embed_corpus(texts_of(make_corpus(N)), EmbeddingCache(root / "cache", CONFIG), CONFIG,
+                 root / "emb.npy", progress=False)
+    return np.load(root / "emb.npy").tobytes()
+
+
+def test_dense_shards_on_two_nodes_equal_local_bit_for_bit(
+        cluster: Cluster, local_vectors: bytes, tmp_path: Path) -> None:
+    with open_engine(_engine(cluster)) as engine:
+        assert engine is not None
+        report = embed_corpus(texts_of(make_corpus(N)), EmbeddingCache(tmp_path, CONFIG),
+                              CONFIG, tmp_path / "emb.npy", progress=False, engine=engine)
+        assert len(set(engine.worker_nodes())) == 2  # one worker a node
+        assert engine.loads() == 2  # 10 shards, one encoder load per worker
+    assert (report.shards_embedded, report.workers) == (10, 2)
+    assert np.load(tmp_path / "emb.npy").tobytes() == local_vectors
+
+
+class _KillOnFirstShard:
+    """A progress bar that removes `node` (no grace) when the first shard comes back."""
+
+    def __init__(self, cluster: Cluster, node: Any) -> None:
+        self.cluster, self.node, self.count = cluster, node, 0
+
+    def update(self, n: int) -> None:
+        if self.count == 0:
+            self.cluster.remove_node(self.node, allow_graceful=False)
+        self.count += n
+
+
+def test_a_node_killed_mid_stage_its_shards_rerun_on_the_nodes_left(
+        cluster: Cluster, local_vectors: bytes, tmp_path: Path) -> None:
+    doomed = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    rows = make_corpus(N)
+    texts = [r["contents"] for r in rows]
+    hashes = text_hashes(texts)
+    cache = EmbeddingCache(tmp_path, CONFIG)
+    cache.open()
+    todo = rows_to_embed(hashes, np.zeros(len(hashes), bool))
+    bar = _KillOnFirstShard(cluster, doomed)
+    with open_engine(_engine(cluster, workers=3)) as engine:
+        assert engine is not None
+        assert doomed.node_id in engine.worker_nodes()
+        run_shards_on(engine, plan_shards([texts], todo, hashes, CONFIG.encoder_shard_size),
+                      CONFIG, cache, bar)  # type: ignore[arg-type]
+        assert doomed.node_id not in engine.worker_nodes()
+        assert len(engine.worker_nodes()) == 2  # the killed node's worker was dropped
+    assert bar.count == N
+    assemble(cache, hashes, tmp_path / "emb.npy")
+    assert np.load(tmp_path / "emb.npy").tobytes() == local_vectors
+
+
+def _comparable(path: str) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.to_dict().items() if k != "latency_s"}
+            for r in read_question_results(path)]
+
+
+def test_evaluate_stage_on_ray_equals_local_per_question(
+        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mapped: list[int] = []  # chunks each system and set sent to the workers
+    plain_map = RayEngine.map
+
+    def counting_map(self: RayEngine, fn: Any, items: Any) -> Any:
+        listed = list(items)
+        mapped.append(len(listed))
+        return plain_map(self, fn, listed)
+
+    monkeypatch.setattr(RayEngine, "map", counting_map)
+    policy_dir = save_tiny_policy(DOCS.values(), tmp_path / "policy")
+    main_corpus, other_corpus = tmp_path / "corpus.jsonl", tmp_path / "other_corpus.jsonl"
+    write_jsonl(main_corpus, [{"id": k, "contents": v} for k, v in DOCS.items()])
+    write_jsonl(other_corpus, [{"id": "o1", "contents": "Quorn is a moon of Brask."},
+                               {"id": "o2", "contents": "Brask is a planet founded by Bob."}])
+    test, other = tmp_path / "test.jsonl", tmp_path / "other.jsonl"
+    write_jsonl(test, [e.model_dump(mode="json") for e in EXAMPLES])
+    write_jsonl(other, [{"id": f"o{i}", "question": f"Which moon of Brask {i}?",
+                         "golden_answers": ["Quorn"]} for i in range(4)])
+    base = _config()
+    config = base.model_copy(update={
+        "index": base.index.model_copy(update={"retriever": "bm25",
+                                                "eval_all_retrievers": False}),
+        "eval": base.eval.model_copy(update={"baselines": ("retrieve_once", "no_search")})})
+    index_dir = tmp_path / "index"
+    build_indexes({"main": main_corpus, "other": other_corpus}, {}, index_dir, config.index,
+                  NullSink(), progress=False)
+    dataset = DatasetRef(paths={"test": str(test)}, fingerprints={},
+                         corpus_path=str(main_corpus), corpus_fingerprint="", fingerprint="d",
+                         extra_evals={"other": str(other)},
+                         extra_corpora={"other": str(other_corpus)})
+    index = IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25")
+    ckpt = CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir))
+    results = {}
+    for kind in ("local", "ray"):
+        run = config.model_copy(update={
+            "run": config.run.model_copy(update={"work_dir": tmp_path / kind}),
+            "engine": _engine(cluster, kind=kind)})
+        results[kind] = load_eval_result(evaluate_policy(run, dataset, index, ckpt,
+                                                         NullSink()).results_path)
+    local, remote = results["local"], results["ray"]
+    # 3 systems on the 5 main questions and the 4 of the other set, in chunks of 2
+    # (eval.batch_size), then the train audit (no train split here: nothing).
+    assert mapped == [3, 3, 3, 2, 2, 2]
+    assert set(remote.systems) == set(local.systems) == {"retrieve_once", "no_search",
+                                                         "trained"}
+    for name, system in local.systems.items():
+        got, want = (_comparable(remote.systems[name].questions_path),
+                     _comparable(system.questions_path))
+        # Answers, EM, searches, tokens: equal. The answer's log-prob confidence is summed in
+        # float32 by as many threads as the process has (1 a worker here): equal to rounding.
+        diff = [(i, k, g[k], w[k]) for i, (g, w) in enumerate(zip(got, want, strict=True))
+                for k in w if g[k] != (pytest.approx(w[k], rel=1e-6)
+                                       if k == "confidence" and w[k] is not None else w[k])]
+        assert not diff, (name, diff)
+        assert remote.systems[name].summary.em == system.summary.em
+    assert remote.deltas == local.deltas
+    for name, system in local.extra_sets["other"].systems.items():
+        got = dataclasses.replace(remote.extra_sets["other"].systems[name],
+                                  latency_s=system.latency_s)
+        assert repr(got) == repr(system), name  # repr: nan (no supporting ids) equals nan
