@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script o
 from searchrl.config import load_config  # noqa: E402
 from searchrl.exit_codes import exit_code_table, report_error  # noqa: E402
 from searchrl.retrieval.provider import retrieval_service  # noqa: E402
+from searchrl.retrieval.service import check_service_token  # noqa: E402
 from searchrl.tracking import (  # noqa: E402
     check_tracking_store,
     end_run,
@@ -74,6 +75,7 @@ def pipeline(config_path: str = "configs/tiny.yaml",
     config = load_config(config_path, overrides or [])
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     check_tracking_store(uri, config.tracking.connect_timeout_s)
+    check_service_token(config.index)  # an external retriever's wrong token fails here
     parent = start_parent_run(uri, config.tracking.experiment, config.run.name,
                               config.to_dict(), tags={"searchrl.config_path": config_path})
     try:

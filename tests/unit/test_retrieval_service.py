@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from searchrl.config import IndexConfig, PipelineConfig
+from searchrl.config import IndexConfig, PipelineConfig, load_config
 from searchrl.data.io import read_qa
 from searchrl.httpx_helpers import NO_RETRY_HEADER, retry_delay
 from searchrl.retrieval.base import SearchError
@@ -40,6 +40,7 @@ from searchrl.retrieval.service import (
     ServiceError,
     check_port_free,
     check_service,
+    check_service_token,
     serve_index,
 )
 from searchrl.sinks import NullSink
@@ -95,6 +96,7 @@ def test_retrieve_answers_in_search_r1_shape(api: TestClient) -> None:
     ({"queries": ["q"], "topk": 0}, 422, "between 1"),
     ({"queries": ["ok", "x" * 51]}, 422, "queries[1] has 51 characters"),
     ({"queries": "not a list"}, 422, "list"),
+    ({"queries": [1, 2, 3, 4], "topk": "x"}, 422, "(and 2 more)"),
 ])
 def test_limits_answer_clear_4xx_and_never_search(api: TestClient, fake: FakeSearcher,
                                                   body: dict[str, object], status: int,
@@ -312,6 +314,60 @@ def test_rate_limit_answers_429_with_retry_after(fake: FakeSearcher) -> None:
     other = api.post("/retrieve", json=body, headers={"X-Client-Id": "rank1"})
     assert other.status_code == 200
     assert len(fake.calls) == 3
+
+
+def test_a_huge_malformed_body_is_refused_cheaply_without_echoing_it(
+        fake: FakeSearcher) -> None:
+    """The review's 3 MB list of integers: 37.6 s, 2 GB and a 160 MB echo before the batch
+    size was checked ahead of the items (benchmarks/bench_bad_body.py measures it)."""
+    config = IndexConfig()  # the default limits: the body fits under max_body_bytes
+    api = TestClient(create_app(fake, config))
+    body = json.dumps({"queries": [1] * 1_000_000}).encode()
+    assert len(body) < max_body_bytes(config)
+    start = time.perf_counter()
+    resp = api.post("/retrieve", content=body, headers={"Content-Type": "application/json"})
+    assert time.perf_counter() - start < 5.0  # 0.2 s here; the item-by-item errors took 40+
+    assert resp.status_code == 413 and len(resp.content) < 200
+    assert "max_batch=256" in resp.json()["detail"]
+    # Within the batch cap, one error per wrong item, but the answer names a few at most.
+    resp = api.post("/retrieve", json={"queries": [{"x": "y" * 900}] * 256})
+    assert resp.status_code == 422 and len(resp.content) < 400
+    assert "(and 253 more)" in resp.json()["detail"] and "yyy" not in resp.text
+    for junk in (b"{", b"\xff\xfe", b"[1, 2]"):
+        resp = api.post("/retrieve", content=junk)
+        assert resp.status_code == 422 and len(resp.content) < 300, resp.text
+    assert fake.calls == []
+
+
+def test_the_rate_limit_runs_before_the_body_is_parsed(fake: FakeSearcher) -> None:
+    config = CONFIG.model_copy(update={"service_rate_limit_per_s": 0.01,
+                                       "service_rate_burst": 1})
+    api = TestClient(create_app(fake, config))
+    assert api.post("/retrieve", content=b"not json").status_code == 422
+    assert api.post("/retrieve", content=b"not json").status_code == 429
+
+
+def test_a_lone_surrogate_query_is_refused_and_stats_still_answer(fake: FakeSearcher) -> None:
+    api = TestClient(create_app(fake, CONFIG))
+    resp = api.post("/retrieve", content=b'{"queries": ["a\\ud800b"]}',
+                    headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422 and "surrogate" in resp.json()["detail"]
+    stats = api.get("/stats")
+    assert stats.status_code == 200 and stats.json()["totals"]["rejected"] == 1
+    assert fake.calls == []
+
+
+def test_the_demos_largest_searches_fit_the_servers_limits(fake: FakeSearcher) -> None:
+    """The demo's own settings, not shrunk ones: a rollout batch's searches (every row of
+    `max_batch_rows`, queries as long as the server allows, the rollout's top-k) and the
+    curriculum's bigger batches go through the client and are all served."""
+    config = load_config("configs/tiny.yaml", [])
+    queries = ["\U0001f600" * config.index.max_query_chars] * (
+        config.rollout.max_batch_rows * config.rollout.group_size + 1)
+    with serving(create_app(fake, config.index)) as url:
+        hits = RetrievalClient(url, timeout_s=30).search_batch(queries, config.rollout.top_k)
+    assert len(hits) == len(queries) and all(len(h) == config.rollout.top_k for h in hits)
+    assert config.rollout.top_k <= config.index.max_top_k
 
 
 def test_client_retries_429_then_succeeds() -> None:
@@ -551,6 +607,30 @@ def test_an_unreachable_external_service_fails_fast() -> None:
         check_service(config)
 
 
+def test_a_wrong_or_missing_token_for_an_external_service_fails_up_front(
+        fake: FakeSearcher, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app(fake, CONFIG, token="s3cret")
+    with serving(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        config = IndexConfig(mode="service", service_managed=False, service_port=port,
+                             service_token_env=TOKEN_ENV, client_retries=0)
+        for token in ("wrong", None):
+            if token is None:
+                monkeypatch.delenv(TOKEN_ENV, raising=False)
+            else:
+                monkeypatch.setenv(TOKEN_ENV, token)
+            with pytest.raises(ServiceError, match=f"refused this run's token.*\\${TOKEN_ENV} "
+                               r"\(index.service_token_env\)"):
+                check_service_token(config)
+            with pytest.raises(ServiceError, match="refused this run's token"):
+                check_service(config)
+        monkeypatch.setenv(TOKEN_ENV, "s3cret")
+        check_service_token(config)
+        assert check_service(config)["status"] == "ok"
+    # Not answering yet: left to check_service before the first search.
+    check_service_token(config)
+
+
 def test_service_address_is_one_place() -> None:
     assert IndexConfig(service_port=9001).service_url == "http://127.0.0.1:9001"
     derived = IndexConfig(service_url="http://localhost:9002")
@@ -684,8 +764,9 @@ def test_health_without_a_token_says_only_that_it_is_alive(fake: FakeSearcher) -
     app = create_app(fake, CONFIG, token="s3cret", info={"passages": 7, "pid": 1})
     with serving(app) as url:
         assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+        # A wrong token is refused, so a client learns of it before the run gets far.
         wrong = httpx.get(f"{url}/health", headers={"Authorization": "Bearer nope"})
-        assert wrong.json() == {"status": "ok"}
+        assert wrong.status_code == 401 and "wrong bearer token" in wrong.json()["detail"]
         full = httpx.get(f"{url}/health", headers={"Authorization": "Bearer s3cret"}).json()
         assert full == {"status": "ok", "passages": 7, "pid": 1}
         assert httpx.get(f"{url}/limits").status_code == 401

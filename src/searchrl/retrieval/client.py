@@ -36,10 +36,13 @@ class RetrievalClient:
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0,
                  retries: int = 3, backoff_s: float = 0.2,
                  transport: httpx.BaseTransport | None = None,
-                 client_id: str | None = None, max_batch: int | None = None) -> None:
+                 client_id: str | None = None, max_batch: int | None = None,
+                 auth_hint: str = "") -> None:
         """`max_batch`: the batch size to split to when the server advertises no limits
-        (None: send every batch whole)."""
+        (None: send every batch whole). `auth_hint`: added to the error of a request the
+        server refuses with 401/403 (where the token comes from)."""
         self.url = url.rstrip("/")
+        self.auth_hint = auth_hint
         self.max_batch = max_batch
         self._limits: dict[str, Any] | None = None
         self._limits_lock = threading.Lock()
@@ -57,7 +60,8 @@ class RetrievalClient:
         """Client for `config.service_url`, token from `$<config.service_token_env>` if set."""
         return cls(config.service_url, token=os.environ.get(config.service_token_env) or None,
                    timeout_s=config.client_timeout_s, retries=config.client_retries,
-                   backoff_s=config.client_backoff_s, max_batch=config.max_batch)
+                   backoff_s=config.client_backoff_s, max_batch=config.max_batch,
+                   auth_hint=token_hint(config))
 
     def close(self) -> None:
         self._http.close()
@@ -67,7 +71,7 @@ class RetrievalClient:
         return request_json(lambda: self._http.request(method, path, json=json),
                             retries=self.retries, backoff_s=self.backoff_s,
                             max_wait_s=self.max_wait_s, where=f"retrieval service {self.url}{path}",
-                            error=SearchError, absent_ok=absent_ok,
+                            error=SearchError, absent_ok=absent_ok, auth_hint=self.auth_hint,
                             unreachable="is it running? start it with `python -m "
                             "searchrl.retrieval.server --index-dir DIR --config CFG`")
 
@@ -129,6 +133,13 @@ def _hit(item: dict[str, Any]) -> SearchHit:
     return SearchHit(doc_id=str(doc["id"]), title=neutralize_tags(str(title)) if title else None,
                      contents=neutralize_tags(str(doc["contents"])),
                      score=float(item.get("score", 0.0)))
+
+
+def token_hint(config: IndexConfig) -> str:
+    """Where this client's token comes from, for an error saying the server refused it."""
+    given = "is set" if os.environ.get(config.service_token_env) else "is not set"
+    return (f"; the token comes from ${config.service_token_env} (index.service_token_env), "
+            f"which {given}: set it to the token the server was started with")
 
 
 def default_client_id() -> str:

@@ -4,16 +4,21 @@
     POST /retrieve {"queries": [str], "topk": int = 3, "return_scores": bool = false}
       -> {"result": [[{"document": {"id", "title", "contents"}, "score": float}, ...], ...]}
          (with return_scores=false each hit is the bare document, as in Search-R1)
-    GET  /health  -> {"status": "ok"}; with the token also "passages", "retriever", "pid"
+    GET  /health  -> {"status": "ok"}; with the token also "passages", "retriever", "pid";
+                     a wrong token 401 (so a client finds a bad token up front)
     GET  /limits  -> {"max_batch", "max_top_k", "max_query_chars", "max_body_bytes"}
                      (clients split their batches to max_batch)
     GET  /stats   -> per-client request/query counts, flagged queries, a recent-query sample
 
 When a token is set, every path but /health needs it, checked before the body is read: a
 missing/wrong bearer token answers 401, a body above `max_body_bytes` (room for the largest
-valid request) 413, neither reading the rest. Limits (from `IndexConfig`) answer with a clear
-4xx: empty batch or bad top-k or an overlong query 422, batch above `max_batch` 413, more
-than `service_rate_limit_per_s` requests/s from one client 429 with Retry-After. More than
+valid request) 413, neither reading the rest. Then the rate limit (more than
+`service_rate_limit_per_s` requests/s from one client: 429 with Retry-After), before the body
+is parsed. Limits (from `IndexConfig`) answer with a clear 4xx, checked cheapest first so a
+malformed body costs little (a 3 MB list of integers: 0.2 s, not 40 s and 2 GB): batch above
+`max_batch` 413 before any query is looked at; not JSON, a wrong shape, an empty batch, bad
+top-k, an overlong query or one that is not valid Unicode (a lone surrogate) 422, its detail
+naming at most a few fields and never echoing the input. More than
 `service_max_inflight` requests admitted at once, or one that waited a whole
 `service_search_timeout_s` for a worker, answer 503 "busy" with Retry-After, so clients
 retry. A search that fails answers 500, one that runs past `service_search_timeout_s` 504,
@@ -44,6 +49,7 @@ import argparse
 import asyncio
 import hmac
 import ipaddress
+import json
 import logging
 import math
 import os
@@ -60,7 +66,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -356,8 +362,15 @@ def _add_info_routes(app: FastAPI, monitor: Monitor, config: IndexConfig, token:
 
     @app.get("/health")
     async def health(authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
-        if token is not None and not _token_ok(authorization, token):
+        if token is None:
+            return {"status": "ok", **info}
+        if authorization is None:  # liveness for anyone; details only with the token
             return {"status": "ok"}
+        if not _token_ok(authorization, token):
+            monitor.unauthorized += 1
+            raise HTTPException(status_code=401, headers={"WWW-Authenticate": "Bearer"},
+                                detail="wrong bearer token: the client's token is not this "
+                                "server's")
         return {"status": "ok", **info}
 
     @app.get("/limits")
@@ -373,8 +386,9 @@ def _add_info_routes(app: FastAPI, monitor: Monitor, config: IndexConfig, token:
 
 def _add_retrieve_route(app: FastAPI, searches: _Searches, monitor: Monitor,
                         config: IndexConfig) -> None:
+    # The body is parsed here, after the rate limit, not by FastAPI before the route runs.
     @app.post("/retrieve")
-    async def retrieve(request: RetrieveRequest, http: Request,
+    async def retrieve(http: Request,
                        x_client_id: Annotated[str | None, Header()] = None) -> RetrieveResponse:
         client = monitor.identify(http.client.host if http.client else "unknown", x_client_id)
         stats = monitor.clients[client]
@@ -387,7 +401,7 @@ def _add_retrieve_route(app: FastAPI, searches: _Searches, monitor: Monitor,
                                 f"requests/s per client exceeded (burst "
                                 f"{config.service_rate_burst}); retry after {wait:.2f}s")
         try:
-            _validate(request, config)
+            request = parse_request(await http.body(), config)
         except HTTPException:
             stats.rejected += 1
             raise
@@ -417,13 +431,38 @@ def create_app(searcher: Searcher, config: IndexConfig, token: str | None = None
     return app
 
 
-def _validate(request: RetrieveRequest, config: IndexConfig) -> None:
-    n = len(request.queries)
-    if n == 0:
-        raise HTTPException(status_code=422, detail="queries must be a non-empty list")
-    if n > config.max_batch:
-        raise HTTPException(status_code=413, detail=f"batch of {n} queries exceeds "
+MAX_ERRORS_SHOWN = 3
+
+
+def parse_request(body: bytes, config: IndexConfig) -> RetrieveRequest:
+    """The request in `body`, or an HTTPException whose detail is a few lines at most: the
+    batch size is checked before any query is validated (a huge list of wrong items would
+    otherwise make one error, echoing its input, per item)."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise HTTPException(status_code=422, detail=f"the body is not JSON: {str(exc)[:120]}"
+                            ) from None
+    queries = data.get("queries") if isinstance(data, dict) else None
+    if isinstance(queries, list) and len(queries) > config.max_batch:
+        raise HTTPException(status_code=413, detail=f"batch of {len(queries)} queries exceeds "
                             f"max_batch={config.max_batch}; split it")
+    try:
+        request = RetrieveRequest.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                          for e in errors[:MAX_ERRORS_SHOWN])
+        hidden = len(errors) - MAX_ERRORS_SHOWN
+        more = f" (and {hidden} more)" if hidden > 0 else ""
+        raise HTTPException(status_code=422, detail=f"{shown}{more}") from None
+    _validate(request, config)
+    return request
+
+
+def _validate(request: RetrieveRequest, config: IndexConfig) -> None:
+    if not request.queries:
+        raise HTTPException(status_code=422, detail="queries must be a non-empty list")
     if not 1 <= request.topk <= config.max_top_k:
         raise HTTPException(status_code=422, detail=f"topk={request.topk} must be between "
                             f"1 and max_top_k={config.max_top_k}")
@@ -431,6 +470,11 @@ def _validate(request: RetrieveRequest, config: IndexConfig) -> None:
         if len(query) > config.max_query_chars:
             raise HTTPException(status_code=422, detail=f"queries[{i}] has {len(query)} "
                                 f"characters, above max_query_chars={config.max_query_chars}")
+        try:
+            query.encode()
+        except UnicodeEncodeError as exc:  # JSON allows "\ud800"; no text encoding does
+            raise HTTPException(status_code=422, detail=f"queries[{i}] is not valid Unicode "
+                                f"text: {exc.reason} at character {exc.start}") from None
 
 
 # --- loading and serving

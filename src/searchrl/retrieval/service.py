@@ -238,10 +238,12 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, token: str, timeout_s
 
 def check_service(config: IndexConfig) -> dict[str, Any]:
     """The /health answer of the external service at `config.service_url`; ServiceError,
-    saying how to start one, when it does not answer."""
+    saying how to start one, when it does not answer, or naming the token's setting when it
+    refuses this process's token."""
     from searchrl.retrieval.base import SearchError
     from searchrl.retrieval.client import RetrievalClient
 
+    check_service_token(config)  # a refused token says so, not "no service answers"
     client = RetrievalClient.from_config(config)
     try:
         return client.health()
@@ -253,3 +255,23 @@ def check_service(config: IndexConfig) -> dict[str, Any]:
             "index.service_managed=true to let the pipeline run it") from exc
     finally:
         client.close()
+
+
+def check_service_token(config: IndexConfig) -> None:
+    """ServiceError, naming `index.service_token_env`, when the external service (`index.mode:
+    service`, `service_managed: false`) answers but refuses this process's token. Checked at
+    a run's start, so a wrong token fails there and not after indexing; a service that does
+    not answer yet is left to `check_service` before the first search."""
+    if config.mode != "service" or config.service_managed:
+        return
+    from searchrl.retrieval.client import token_hint
+
+    token = os.environ.get(config.service_token_env)
+    try:  # /limits is behind the token; /health answers liveness without one
+        resp = httpx.get(f"{config.service_url}/limits", timeout=config.client_timeout_s,
+                         headers={"Authorization": f"Bearer {token}"} if token else {})
+    except httpx.HTTPError:
+        return
+    if resp.status_code in (401, 403):
+        raise ServiceError(f"the retrieval service at {config.service_url} refused this run's "
+                           f"token (HTTP {resp.status_code}){token_hint(config)}")
