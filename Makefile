@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-all lint typecheck check bench clean
+.PHONY: install demo test test-all lint typecheck check bench clean steward-env
 
 # uv installs exactly the versions pip picks (compared `pip list` of both) in seconds, where
 # pip takes ~90 s; torch is pinned to the CPU build on local disk (TORCH_WHEELS, pip's
@@ -27,6 +27,16 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 install: $(BIN)/.installed
+
+# Label Studio for stewards (tests/flows/test_steward_label_studio.py, README "Stewards"), in
+# its own venv: its pins (pyarrow<25, Django) conflict with ours. The pipeline talks to it over
+# HTTP (searchrl/eval/label_studio_api.py), so nothing of it enters .venv.
+STEWARD_VENV ?= .venv-steward
+steward-env: $(STEWARD_VENV)/bin/label-studio
+$(STEWARD_VENV)/bin/label-studio:
+	$(PY) -m venv $(STEWARD_VENV)
+	$(BIN)/uv pip install -q --python $(STEWARD_VENV)/bin/python 'label-studio==1.23.2' \
+	  || $(STEWARD_VENV)/bin/pip install -q 'label-studio==1.23.2'
 
 # Exit 1 is the gate's NO-GO: a finished run with a decision, not a failed demo.
 demo: install  ## the whole pipeline on the embedded default (tiny model, bundled data, CPU)

@@ -161,7 +161,8 @@ def _audit_override(row: dict[str, Any], label: str, steward: str | None, now: s
     try:
         return Override(id=str(row["example_id"]), split=str(row["split"]), action=decision,
                         golden_answers=tuple(answers) if answers else None, reason=reason,
-                        steward=who, decided_at=now, source=f"audit:{row['key']}")
+                        steward=who, decided_at=str(row.get("decided_at") or "") or now,
+                        source=str(row.get("source") or "") or f"audit:{row['key']}")
     except ValidationError as exc:
         first = exc.errors()[0]
         fld = ".".join(str(p) for p in first["loc"]) or "<row>"
@@ -197,6 +198,9 @@ def merge_audit_decisions(decisions_path: Path, overrides_path: Path, *,
         existing = load_overrides(overrides_path) if overrides_path.is_file() else []
         result = MergeResult()
         for label, row in _decision_rows(decisions_path):
+            if row.get("conflict"):  # stewards disagree within the file (Label Studio)
+                result.conflicts.append(f"{row['key']}: {row['conflict']}")
+                continue
             if str(row.get("decision") or "").strip() in ("", "skip"):
                 result.undecided += 1
                 continue
@@ -209,7 +213,8 @@ def merge_audit_decisions(decisions_path: Path, overrides_path: Path, *,
                     f"{row['key']}: decision {new.action} {list(new.golden_answers or ())} "
                     f"conflicts with the override already in {overrides_path} "
                     f"({known[0].action} {list(known[0].golden_answers or ())} by "
-                    f"{known[0].steward})")
+                    f"{known[0].steward}"
+                    + (f" at {known[0].decided_at}" if known[0].decided_at else "") + ")")
             else:
                 result.added.append(new)
         if result.added:

@@ -11,9 +11,12 @@ Studio (https://labelstud.io/guide/task_format, /guide/predictions):
                                (accept / correct / skip), corrected answers (one a line), reason
 
 The project's JSON export ("JSON", not "JSON_MIN") is what `apply-audit --decisions` reads
-then, like the JSONL: each task's latest annotation that was not cancelled gives the row's
-decision; the steward is the annotation's `completed_by` (its e-mail when the export has it,
-else `label-studio-user-<id>`).
+then, like the JSONL: each steward's latest annotation of a task that was not cancelled is
+their decision; the stewards agreeing give the row's decision, with who (`completed_by`: its
+e-mail when the export has it, else `label-studio-user-<id>`), when (the annotation's time)
+and which annotation (`source`) recorded in the override; stewards deciding differently are a
+conflict apply-audit reports and does not merge. `label_studio_api` pushes the queue into a
+running Label Studio and pulls the export.
 """
 
 from __future__ import annotations
@@ -112,10 +115,46 @@ def _values(result: list[dict[str, Any]], name: str, kind: str) -> list[str]:
     return []
 
 
-def _latest(annotations: list[dict[str, Any]]) -> dict[str, Any] | None:
-    done = [a for a in annotations if not a.get("was_cancelled")]
-    return max(done, key=lambda a: str(a.get("updated_at") or a.get("created_at") or ""),
-               default=None)
+def _when(annotation: Mapping[str, Any]) -> str:
+    return str(annotation.get("updated_at") or annotation.get("created_at") or "")
+
+
+def _decision(result: list[dict[str, Any]]) -> tuple[str, tuple[str, ...]]:
+    decision = _values(result, "decision", "choices")
+    answers = [a.strip() for text in _values(result, "corrected_answers", "text")
+               for a in text.splitlines() if a.strip()]
+    return (decision[0] if decision else "",
+            tuple(answers) if decision[:1] == ["correct"] else ())
+
+
+def _decide(task: Mapping[str, Any]) -> dict[str, Any]:
+    """The row's decision from its annotations: each steward's latest one that was not
+    cancelled (a steward may revise their own); stewards who decided differently are a
+    conflict, never settled by whoever saved last. Who and when go into the override."""
+    latest: dict[str, dict[str, Any]] = {}
+    for annotation in sorted(task.get("annotations") or [], key=_when):
+        if not annotation.get("was_cancelled"):
+            latest[_steward(annotation)] = annotation
+    decided = {who: a for who, a in latest.items()
+               if _decision(a.get("result") or [])[0] not in ("", "skip")}
+    if not decided:
+        return {}
+    views = {who: _decision(a.get("result") or []) for who, a in decided.items()}
+    if len(set(views.values())) > 1:
+        said = "; ".join(f"{who} ({_when(decided[who])}): {d} {list(answers)}"
+                         for who, (d, answers) in sorted(views.items()))
+        return {"conflict": f"stewards disagree in Label Studio ({said}); agree on one "
+                            "decision there (delete or change the other annotation), export "
+                            "again and re-run apply-audit"}
+    last = max(decided.values(), key=_when)
+    result = last.get("result") or []
+    return {"decision": views[_steward(last)][0],
+            "corrected_answers": list(views[_steward(last)][1]),
+            "reason": " ".join(_values(result, "reason", "text")).strip(),
+            "steward": ", ".join(sorted(decided)), "decided_at": _when(last),
+            "source": f"label-studio:project {last.get('project') or task.get('project')}"
+                      f"/task {task.get('id')}"
+                      f"/annotation {last.get('id')}"}
 
 
 def rows_from_export(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -136,14 +175,6 @@ def rows_from_export(path: Path) -> list[tuple[str, dict[str, Any]]]:
                                          "project created from *.label_studio.json as JSON")
         row = {k: task["data"].get(k) for k in ROW_FIELDS}
         row |= {"decision": "", "corrected_answers": [], "reason": "", "steward": ""}
-        annotation = _latest(task.get("annotations") or [])
-        if annotation is not None:
-            result = annotation.get("result") or []
-            decision = _values(result, "decision", "choices")
-            answers = [a.strip() for text in _values(result, "corrected_answers", "text")
-                       for a in text.splitlines() if a.strip()]
-            row |= {"decision": decision[0] if decision else "", "corrected_answers": answers,
-                    "reason": " ".join(_values(result, "reason", "text")).strip(),
-                    "steward": _steward(annotation)}
+        row |= _decide(task)
         out.append((label, row))
     return out
