@@ -18,7 +18,8 @@ import searchrl.train.grpo as grpo
 from searchrl.config import PipelineConfig
 from searchrl.train.errors import TrainingError
 from searchrl.train.grpo import train_grpo
-from searchrl.train.selection import BEST_FILE, Best, best_dir, choose_policy
+from searchrl.train.selection import BEST_FILE, best_dir, choose_policy
+from searchrl.train.state import Best
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
 pytestmark = pytest.mark.smoke

@@ -128,8 +128,9 @@ def test_run_identity_follows_gold_answers_not_just_ids(tmp_path: Path) -> None:
     corrected = [questions[0], questions[1].model_copy(update={"golden_answers": ("Cy",)})]
     (tmp_path / "init").mkdir()
 
-    def identity(cfg: PipelineConfig, qs: list[QAExample]) -> str:
-        return run_identity(cfg, qs, tmp_path / "init", 1, init_key_file=tmp_path / "key")
+    def identity(cfg: PipelineConfig, qs: list[QAExample], code: str = "trainer") -> str:
+        return run_identity(cfg, qs, tmp_path / "init", 1, init_key_file=tmp_path / "key",
+                            code=code)
 
     base = identity(config, questions)
     assert identity(config, corrected) != base  # a steward's correction is another run
@@ -137,6 +138,7 @@ def test_run_identity_follows_gold_answers_not_just_ids(tmp_path: Path) -> None:
     longer = load_config("configs/tiny.yaml", ["train.steps=500", "train.keep_checkpoints=9"])
     assert identity(longer, questions) == base  # more steps resume the same run
     assert identity(load_config("configs/tiny.yaml", ["train.lr=0.5"]), questions) != base
+    assert identity(config, questions, code="edited trainer") != base  # no resume across code
 
 
 def test_records_fingerprint_reads_every_field() -> None:

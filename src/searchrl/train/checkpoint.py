@@ -278,22 +278,19 @@ def load_checkpoint(path: Path, engine: Any) -> dict[str, Any]:
 
 
 def run_identity(config: PipelineConfig, questions: Sequence[QAExample], init_dir: Path,
-                 n_ranks: int, *, init_key_file: Path) -> str:
+                 n_ranks: int, *, init_key_file: Path, code: str) -> str:
     """What a checkpoint must match to be resumed: the settings that shape the training run
     (`config.inputs_of("train_run")`: declared per field in searchrl/config/), the start
     policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
     sizes), the questions' content in order (gold answers included: a corrected label is
-    another run), the number of ranks, and the training code (`code_fingerprint` of the
-    trainer: a code or package upgrade must not resume, and republish, last week's final
-    checkpoint). A sha256 hex digest."""
-    from searchrl.codehash import code_fingerprint
-    from searchrl.train.grpo import train_policy_run  # imports this module: not at the top
-
+    another run), the number of ranks, and the training code (`code`: the trainer's
+    `code_fingerprint`, which the trainer passes; a code or package upgrade must not resume,
+    and republish, last week's final checkpoint). A sha256 hex digest."""
     init = (init_key_file.read_text() if init_key_file.is_file() else
             sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
     payload = {"config": config.inputs_of("train_run"), "ranks": n_ranks, "init": init,
                "questions": records_fingerprint(questions),
-               "code": code_fingerprint(train_policy_run)}
+               "code": code}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

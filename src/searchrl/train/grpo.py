@@ -1,9 +1,9 @@
 """The GRPO trainer, top down: setup -> (rollout -> advantages -> update -> re-estimate ->
 evaluate -> log -> checkpoint)* -> save. The loop and its steps are here; what they work on
-and call lives beside it: `state.py` (the trainer state, its setup and resume, the result),
-`cold_start.py` (the SFT policy RL starts from), `update.py`
-(the PPO/GRPO update engine), `selection.py` (keep-best, early stopping, best or last),
-`seeds.py`, and `plots.plot_curve`.
+and call lives beside it: `state.py` (the trainer's records: its state, best, result),
+`setup.py` (building and resuming that state), `cold_start.py` (the SFT policy RL starts
+from), `update.py` (the PPO/GRPO update engine), `selection.py` (keep-best, early stopping,
+best or last), `seeds.py`, and `plots.plot_curve`.
 
 Each step rolls out `questions_per_step` questions x `group_size` samples with the live
 policy, scores them, turns the rewards into group-relative advantages, and makes
@@ -66,6 +66,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig
 from searchrl.curriculum.difficulty import estimate_difficulty, fill_informative_groups
 from searchrl.data.io import atomic_write_text, read_passages, read_qa
@@ -82,14 +83,9 @@ from searchrl.train.checkpoint import save_checkpoint
 from searchrl.train.cold_start import cold_start, cold_start_seconds
 from searchrl.train.errors import TrainingError
 from searchrl.train.seeds import rollout_seed
+from searchrl.train.setup import setup_trainer
 from searchrl.train.sft import save_policy
-from searchrl.train.state import (
-    GeneratorFactory,
-    RolloutFn,
-    TrainerState,
-    TrainResult,
-    setup_trainer,
-)
+from searchrl.train.state import GeneratorFactory, RolloutFn, TrainerState, TrainResult
 from searchrl.train.update import ppo_update, sync_weights, timed
 from searchrl.types import QAExample
 
@@ -161,6 +157,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     started = time.perf_counter()
     state = setup_trainer(config, train_examples, searcher, init_dir, out_dir, sink=sink,
                           rollout_fn=rollout_fn, generator_factory=generator_factory,
+                          # the trainer's code is part of the run's identity (resume)
+                          trainer_code=code_fingerprint(train_policy_run),
                           exclude_names=exclude_names)
     state.started = started
     tcfg = config.train

@@ -22,9 +22,9 @@ import logging
 import math
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -34,9 +34,7 @@ from searchrl.train.checkpoint import STEP_PREFIX, CheckpointError, safe_load, s
 from searchrl.train.ds import all_reduce, barrier, full_parameters
 from searchrl.train.errors import TrainingError
 from searchrl.train.sft import save_policy
-
-if TYPE_CHECKING:
-    from searchrl.train.state import TrainerState, TrainResult
+from searchrl.train.state import Best, TrainerState, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +42,6 @@ EARLY_STOP_KEY = "early_stopped"  # logged (1.0) by the step whose evaluation en
 BEST_ROOT = "best"
 BEST_POLICY = "best_policy"
 BEST_FILE = "best.json"
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best dev evaluation so far: after `step` steps, `metric` was `value`."""
-
-    step: int
-    metric: str
-    mode: Literal["max", "min"]
-    value: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> Best | None:
-        data = json.loads(text) if text else None
-        if not isinstance(data, dict):
-            return None
-        return cls(step=int(data["step"]), metric=str(data["metric"]),
-                   mode="min" if data["mode"] == "min" else "max", value=float(data["value"]))
 
 
 def improves(value: float, best: Best | None, mode: Literal["max", "min"]) -> bool:

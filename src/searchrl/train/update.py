@@ -16,21 +16,19 @@ stopping at a non-finite loss.
                             the PPO-ptx loss, `train/ptx.py`), one optimizer step
 
 Also used by the loop: `sync_weights` (the new weights into a generator that keeps its own
-copy), `frozen_copy` (the KL reference), `timed` (the step's time breakdown).
+copy), `timed` (the step's time breakdown).
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from transformers import PreTrainedModel
 
 from searchrl.config import TrainConfig
 from searchrl.generation.base import Generator
@@ -39,10 +37,8 @@ from searchrl.rl.records import RolloutRecord
 from searchrl.train.ds import all_reduce, full_parameters
 from searchrl.train.ptx import ptx_loss
 from searchrl.train.seeds import rollout_seed
+from searchrl.train.state import TrainerState
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
-
-if TYPE_CHECKING:
-    from searchrl.train.state import TrainerState
 
 Rows = tuple[int, int]  # [start, stop) rows of the packed batch
 _TOTALS = ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max_abs_dev",
@@ -118,15 +114,6 @@ def ppo_update(state: TrainerState, step: int, records: Sequence[RolloutRecord],
         return None
     return batch.sampling | steps | batch.times | {
         "update_tokens": float(packed.attention_mask.sum()) * tcfg.ppo_epochs}
-
-
-def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
-    """A frozen copy of the start policy: the reference of the KL term."""
-    ref = copy.deepcopy(model)
-    ref.train(False)
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def sync_weights(generator: Generator, engine: Any) -> None:
