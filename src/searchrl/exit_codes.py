@@ -42,7 +42,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(8, "an artifact on disk is incomplete or does not match (checkpoint, index)",
              ("CheckpointError", "IndexStoreError")),
     ExitCode(9, "training failed (ranks, DeepSpeed setup, non-finite steps)",
-             ("TrainingError", "LaunchError", "DeepSpeedSetupError")),
+             ("TrainingError", "LaunchError", "DeepSpeedSetupError", "HostfileError")),
     ExitCode(10, "the gate refused its input: the evaluation saw failed searches (fix the "
                  "retriever, re-run evaluate_policy)", ("GateInputError",)),
     ExitCode(11, "the model registry has no version to act on (rollback without a "

@@ -50,6 +50,7 @@ import yaml
 from searchrl.config import PipelineConfig
 from searchrl.data.io import log_tail
 from searchrl.train.ds import free_port
+from searchrl.train.hostfile import check_hostfile
 
 # The stage process the ranks live for: "<host>:<pid>:<start time>:<process group>".
 STAGE_ENV = "SEARCHRL_STAGE_PROCESS"
@@ -186,6 +187,7 @@ def launch_ranks(config: PipelineConfig, out_dir: Path, *, mlflow_run_id: str | 
     lines when the launcher exits non-zero (a rank failed or was killed). However this ends,
     no launcher process or rank is left running."""
     check_nodes(config)
+    check_hostfile(config)  # every host reachable, before the launcher starts
     launch_dir = out_dir / "launch"
     log_dir = launch_dir / "logs" / time.strftime("%Y%m%dT%H%M%S")
     log_dir.mkdir(parents=True, exist_ok=True)
