@@ -4,9 +4,12 @@ a sink that keeps what it is given, and a tiny saved policy."""
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from functools import cache
 from pathlib import Path
 
 import uvicorn
@@ -62,3 +65,21 @@ def save_tiny_policy(texts: Iterable[str], out: Path) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@cache
+def _mlflow_template() -> Path:
+    """An MLflow sqlite store with its tables made, once per process: creating them costs
+    seconds per store (schema migrations), a copy milliseconds."""
+    from mlflow.tracking import MlflowClient
+
+    path = Path(tempfile.mkdtemp(prefix="mlflow-template-")) / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
+    return path
+
+
+def fresh_mlflow_uri(directory: Path) -> str:
+    """A new, empty MLflow sqlite store in `directory` (artifacts next to it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_mlflow_template(), directory / "mlflow.db")
+    return f"sqlite:///{directory / 'mlflow.db'}"

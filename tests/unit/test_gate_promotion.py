@@ -42,7 +42,7 @@ from searchrl.tracking import (
     weights_digest,
 )
 from searchrl.types import CheckpointRef, DatasetRef, EvalRef
-from tests.helpers import save_tiny_policy
+from tests.helpers import fresh_mlflow_uri, save_tiny_policy
 from tests.unit.test_gate_report import _eval
 
 GATE = {"gpu_price_per_hour": 2.0, "production_queries_per_month": 100_000,
@@ -106,7 +106,7 @@ def _alias(uri: str, alias: str) -> str | None:
 
 def test_candidates_are_challengers_a_go_never_replaces_a_stronger_champion_and_rollback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     config = _config(tmp_path, uri)
     policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
     # 1. No champion yet: GO, the registry model is named after the pipeline.
@@ -146,7 +146,7 @@ def test_candidates_are_challengers_a_go_never_replaces_a_stronger_champion_and_
 
 def test_train_init_champion_downloads_it_and_keys_the_stage_on_its_version(
         tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     config = _config(tmp_path, uri, init="champion")
     out = tmp_path / "train"
     out.mkdir()
@@ -178,7 +178,7 @@ def _report_notes(tmp: Path) -> str:
 
 def test_a_rollback_survives_the_next_runs_and_a_retried_rollback_changes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     config = _config(tmp_path, uri)
     policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
     good = {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.6}
@@ -224,7 +224,7 @@ def test_a_rollback_survives_the_next_runs_and_a_retried_rollback_changes_nothin
 
 def test_a_promotions_freeze_decides_registers_and_reports_but_never_promotes(
         tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
     frozen = _config(tmp_path, uri).model_copy(update={"gate": _config(
         tmp_path, uri).gate.model_copy(update={"freeze_promotions": True})})
@@ -243,7 +243,7 @@ def test_a_promotions_freeze_decides_registers_and_reports_but_never_promotes(
 
 def test_a_candidate_is_stored_once_as_the_model_its_training_run_logged(
         tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     config = _config(tmp_path, uri)
     policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
     candidate = trained_variant(policy, tmp_path / "candidate", float(ord("a")))

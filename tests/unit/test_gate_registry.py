@@ -13,7 +13,10 @@ from safetensors.torch import load_file
 
 from searchrl.tracking import (
     CHALLENGER,
+    FORMAT_TAG,
+    POLICY_FORMAT,
     PREVIOUS,
+    WEIGHTS_TAG,
     RegistryError,
     download_registered_policy,
     model_version_tags,
@@ -22,8 +25,9 @@ from searchrl.tracking import (
     registered_policy,
     rollback,
     start_parent_run,
+    weights_digest,
 )
-from tests.helpers import save_tiny_policy
+from tests.helpers import fresh_mlflow_uri, save_tiny_policy
 
 TEXTS = ["who is the mayor of paris", "the city of lyon lies in france"]
 
@@ -35,7 +39,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_registered_alias_loads_through_mlflow_and_generates(tmp_path: Path,
                                                              policy: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     assert registered_policy(uri, "policy-x", "champion") is None
     assert download_registered_policy(uri, "policy-x", "champion", tmp_path / "dl") is None
     run = start_parent_run(uri, "exp", "gate", {})
@@ -65,12 +69,14 @@ def test_registered_alias_loads_through_mlflow_and_generates(tmp_path: Path,
     assert (got / "tokenizer.json").is_file()
     ours, theirs = load_file(policy / "model.safetensors"), load_file(got / "model.safetensors")
     assert set(ours) == set(theirs) and all((ours[k] == theirs[k]).all() for k in ours)
-    assert model_version_tags(uri, "policy-x", "1")["decision"] == "GO"
+    tags = model_version_tags(uri, "policy-x", "1")
+    assert tags["decision"] == "GO" and tags[FORMAT_TAG] == str(POLICY_FORMAT)
+    assert tags[WEIGHTS_TAG] == weights_digest(policy)
 
 
 def test_promotion_keeps_previous_champion_and_rollback_restores_it(tmp_path: Path,
                                                                    policy: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_mlflow_uri(tmp_path)
     run = start_parent_run(uri, "exp", "gate", {})
     v1 = register_policy(uri, run.run_id, policy, "m", CHALLENGER)
     assert promote(uri, "m", v1) is None  # the first champion replaces nothing
@@ -95,3 +101,31 @@ def test_promotion_keeps_previous_champion_and_rollback_restores_it(tmp_path: Pa
     assert model_version_tags(uri, "m", v1)["restored_reason"] == "regression on live traffic"
     model = MlflowClient(tracking_uri=uri).get_registered_model("m")
     assert "regression on live traffic" in model.tags["last_rollback"]
+
+
+def test_a_version_in_a_policy_format_this_release_does_not_read_is_refused_by_name(
+        tmp_path: Path, policy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = fresh_mlflow_uri(tmp_path)
+    run = start_parent_run(uri, "exp", "gate", {})
+    client = MlflowClient(tracking_uri=uri)
+    client.log_artifacts(run.run_id, str(policy), "policy")  # a save_pretrained dir
+    client.create_registered_model("m")
+    source = f"{client.get_run(run.run_id).info.artifact_uri}/policy"
+    version = client.create_model_version("m", source, run_id=run.run_id,
+                                          tags={FORMAT_TAG: str(POLICY_FORMAT)}).version
+    client.set_registered_model_alias("m", "champion", str(version))
+    assert download_registered_policy(uri, "m", "champion", tmp_path / "dl") is not None
+    # A later release that changed the layout: named, with what to do; nothing downloaded.
+    monkeypatch.setattr("searchrl.tracking.READABLE_POLICY_FORMATS",
+                        frozenset({POLICY_FORMAT + 1}))
+    with pytest.raises(RegistryError, match=rf"'m' version {version}: policy format "
+                                            r"'1'.*rollback --to VERSION"):
+        download_registered_policy(uri, "m", "champion", tmp_path / "later")
+    assert not (tmp_path / "later").exists()
+    with pytest.raises(RegistryError, match="policy format"):
+        rollback(uri, "m", "restore it", to_version=str(version))
+    # Registered before the stamp existed: read as before.
+    monkeypatch.undo()
+    client.delete_model_version_tag("m", str(version), FORMAT_TAG)
+    got = download_registered_policy(uri, "m", "champion", tmp_path / "old")
+    assert got is not None and (got / "config.json").is_file()

@@ -592,6 +592,10 @@ def load_corpus_searcher(corpus_dir: Path, config: IndexConfig,
     if manifest is None or not manifest.get("complete"):
         raise IndexStoreError(f"{corpus_dir}: no complete index here (missing {DIR_MANIFEST}); "
                               "run the build_index stage (`python -m searchrl index`)")
+    if manifest.get("format") != FORMAT_VERSION:  # another release's layout: never misread
+        raise IndexStoreError(f"{corpus_dir}: index format {manifest.get('format')!r}, this "
+                              f"release reads {FORMAT_VERSION}; rebuild it with this release "
+                              "(`python -m searchrl index`)")
     built = set(manifest["retrievers"])
     needed = {"bm25", "dense"} if config.retriever == "hybrid" else {config.retriever}
     if not needed <= built:
