@@ -8,7 +8,11 @@ the automations act as on a real server, within a second or two."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,8 +24,10 @@ from uuid import UUID
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
+from prefect.events.filters import EventFilter, EventNameFilter
+from prefect.settings import PREFECT_API_URL
 
-from flows.automations import AUTOMATIONS_FILE, load_automations, main
+from flows.automations import AUTOMATIONS_FILE, ROOT, load_automations, main
 from searchrl.config import PipelineConfig
 from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.types import Decision
@@ -94,6 +100,17 @@ def receiver() -> Iterator[Receiver]:
         hook.close()
 
 
+def _events(name: str, match: Callable[[Any], bool], timeout_s: float = 60.0) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50)
+            found = [e for e in page.events if match(e)]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
+
 def _about(run: str, what: str) -> Callable[[dict[str, Any]], bool]:
     return lambda m: f"searchrl {run}: {what}" in m.get("subject", "")
 
@@ -103,7 +120,8 @@ def test_installing_twice_leaves_one_of_each(receiver: Receiver,
     with get_client(sync_client=True) as client:
         found = {name: client.read_automations_by_name(name) for name in NAMES}
     assert {n: len(a) for n, a in found.items()} == dict.fromkeys(NAMES, 1)
-    assert set(NAMES) == {"searchrl-no-go", "searchrl-run-failed", "searchrl-data"}
+    assert set(NAMES) == {"searchrl-no-go", "searchrl-run-failed", "searchrl-run-lost",
+                          "searchrl-data"}
     assert all(a[0].enabled for a in found.values())
 
 
@@ -195,3 +213,63 @@ def test_drift_warning_arrives(receiver: Receiver, tmp_path: Path) -> None:
     drift = receiver.wait_for(_about("drift", "searchrl.data.drift"))
     assert "qa 'train'" in drift["body"] and "drift_warn_fraction=0.2" in drift["body"]
     assert "audit_report.html" in drift["body"]
+
+
+SCRIPT = """
+import signal, sys, time
+from prefect import flow
+sys.path.insert(0, {root!r})
+from flows.pipeline import _exit_on_sigterm
+signal.signal(signal.SIGTERM, _exit_on_sigterm)  # as flows/pipeline.py's main() does
+
+@flow(name="searchrl-pipeline", flow_run_name={name!r})
+def weekly() -> None:
+    print("running", flush=True)
+    time.sleep(600)
+
+weekly()
+"""
+
+
+def _run_until_running(tmp_path: Path, name: str) -> subprocess.Popen[str]:
+    """A `searchrl-pipeline` flow in its own process against the test server, once running."""
+    script = tmp_path / "weekly.py"
+    script.write_text(SCRIPT.format(root=str(ROOT), name=name))
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+           "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == "running":
+            return proc
+    raise AssertionError(f"the flow never ran (exit {proc.wait()})")
+
+
+@pytest.mark.slow  # a process of its own (~10 s)
+def test_sigterm_crash_arrives(receiver: Receiver, tmp_path: Path) -> None:
+    proc = _run_until_running(tmp_path, "notify-sigterm")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    message = receiver.wait_for(_about("notify-sigterm", "Crashed"))
+    assert "Run notify-sigterm: Crashed" in message["body"]
+
+
+@pytest.mark.slow  # waits out a heartbeat window (~40 s)
+def test_killed_run_without_heartbeats_arrives(receiver: Receiver, tmp_path: Path) -> None:
+    """SIGKILL (what the OOM killer sends): nothing marks the run ended but the heartbeat
+    automation. Installed here with a 20 s window instead of 10 minutes."""
+    quick = tmp_path / "automations.yaml"
+    quick.write_text(AUTOMATIONS_FILE.read_text().replace("within: 600", "within: 20"))
+    assert main(["--url", receiver.url, "--file", str(quick)]) == 0
+    try:
+        proc = _run_until_running(tmp_path, "notify-oom")
+        beat = _events("prefect.flow-run.heartbeat",
+                       lambda e: e.resource.get("prefect.resource.name") == "notify-oom")
+        assert beat, "the run sent no heartbeat"
+        proc.kill()
+        proc.wait(timeout=30)
+        message = receiver.wait_for(_about("notify-oom", "Crashed"), timeout_s=120)
+        assert "no heartbeat for 10 minutes" in message["body"]
+    finally:
+        assert main(["--url", receiver.url]) == 0

@@ -71,8 +71,18 @@ def test_automations_parse_and_match_our_events() -> None:
     assert all(isinstance(m, ResourceSpecification) for m in related)
     assert any(m.matches(ours) for m in related if isinstance(m, ResourceSpecification))
     assert not any(m.matches(other) for m in related if isinstance(m, ResourceSpecification))
+    notifying = [a for n, a in automations.items() if n != "searchrl-run-lost"]
     assert all(a.actions[0].type == "send-notification" and
-               a.actions[0].block_document_id == UUID(int=1) for a in automations.values())
+               a.actions[0].block_document_id == UUID(int=1) for a in notifying)
+    # a run that stops sending heartbeats is marked Crashed (then searchrl-run-failed tells)
+    lost = automations["searchrl-run-lost"]
+    assert isinstance(lost.trigger, EventTrigger) and lost.trigger.posture == "Proactive"
+    assert lost.trigger.after == {"prefect.flow-run.Running", "prefect.flow-run.heartbeat"}
+    assert {f"prefect.flow-run.{s}" for s in ("Crashed", "Completed", "Failed")} <= (
+        lost.trigger.expect)
+    assert lost.actions[0].type == "change-flow-run-state"
+    assert lost.actions[0].state.value == "CRASHED"
+    assert lost.trigger.within.total_seconds() > 3 * 180  # three default heartbeats missed
     # every searchrl event name they wait for is one tasks/events.py sends
     sent = (ROOT / "tasks" / "events.py").read_text()
     for trigger in (no_go, data):
