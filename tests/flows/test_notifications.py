@@ -24,7 +24,6 @@ from uuid import UUID
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.events.filters import EventFilter, EventNameFilter
 from prefect.settings import PREFECT_API_URL
 
 from flows.automations import AUTOMATIONS_FILE, ROOT, load_automations, main
@@ -36,6 +35,7 @@ from tasks.validate import validate_gold_labels
 from tests.contracts.conftest import DEFECTS, make_defects_config
 from tests.contracts.test_drift import _config as drift_config
 from tests.contracts.test_drift import _edit_world
+from tests.flows.test_events import _events
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 NAMES = [a.name for a in load_automations(AUTOMATIONS_FILE, UUID(int=0))]
@@ -98,17 +98,6 @@ def receiver() -> Iterator[Receiver]:
                 for automation in client.read_automations_by_name(name):
                     client.delete_automation(automation.id)
         hook.close()
-
-
-def _events(name: str, match: Callable[[Any], bool], timeout_s: float = 60.0) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_events(EventFilter(event=EventNameFilter(name=[name])), limit=50)
-            found = [e for e in page.events if match(e)]
-            if found or time.monotonic() > deadline:
-                return found
-            time.sleep(0.5)
 
 
 def _about(run: str, what: str) -> Callable[[dict[str, Any]], bool]:
