@@ -46,7 +46,9 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(10, "the gate refused its input: the evaluation saw failed searches (fix the "
                  "retriever, re-run evaluate_policy)", ("GateInputError",)),
     ExitCode(11, "the model registry has no version to act on (rollback without a "
-                 "previous-champion, or without a reason)", ("RegistryError",)),
+                 "previous-champion or a reason, a plain rollback of a champion a rollback "
+                 "restored, a version in a policy format this release does not read)",
+             ("RegistryError",)),
     ExitCode(12, "another process holds what this command changes (a stage dir, the "
                  "overrides file): the message names it; wait for it or stop it, then re-run",
              ("BusyError",)),

@@ -707,8 +707,8 @@ def _register_candidate(config: PipelineConfig, dataset: DatasetRef, checkpoint:
                         sink: MetricsSink, plan: _Promotion) -> dict[str, str]:
     """Every candidate becomes a version aliased `challenger`, tagged with the decision, its
     figures and data fingerprints (a candidate with a registered version's weights is that
-    version, re-tagged with this decision: `plan`); a GO that `plan` does not block moves
-    `champion` to it (the replaced version kept as `previous-champion`). The policy's
+    version, tagged with this gate's decision and run: `plan`); a GO that `plan` does not
+    block moves `champion` to it (the replaced version kept as `previous-champion`). The policy's
     artifact is the MLflow model the training run logged, when it did (stored once).
     Returns the run tags that say so."""
     from searchrl.tracking import (
@@ -728,8 +728,11 @@ def _register_candidate(config: PipelineConfig, dataset: DatasetRef, checkpoint:
             | {"data.corpus": dataset.corpus_fingerprint}
             | {f"figure.{k}": f"{v:.6g}" for k, v in sorted(figures.items())})
     if plan.existing is not None:
+        # Its own registration's record stays as it was; this gate's is added beside it.
         version = plan.existing
-        set_version_tags(sink.tracking_uri, name, version, tags, alias=CHALLENGER)
+        set_version_tags(sink.tracking_uri, name, version,
+                         {"last_decision": tags["decision"], "last_gate_run_id": sink.run_id},
+                         alias=CHALLENGER)
     else:
         trained = checkpoint.mlflow_run_id
         logged = logged_policy_model(sink.tracking_uri, trained) if trained else None

@@ -191,7 +191,9 @@ def test_a_rollback_survives_the_next_runs_and_a_retried_rollback_changes_nothin
     assert (_alias(uri, "champion"), _alias(uri, PREVIOUS), _alias(uri, CHALLENGER)) == \
         ("2", "1", "2")
     assert "weights are the champion's (registered version 2)" in _report_notes(tmp_path)
-    assert model_version_tags(uri, "searchrl-world-b", "2")["gate_run_id"] != ""
+    tags = model_version_tags(uri, "searchrl-world-b", "2")
+    assert tags["last_decision"] == "GO" and tags["last_gate_run_id"] != tags["gate_run_id"]
+    assert tags["eval_fingerprint"] == "eval-b"  # its own registration's record, as it was
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(config.to_dict()))
     assert main(["rollback", "--config", str(cfg), "--reason", "wrong on live"]) == 0
