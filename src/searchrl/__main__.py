@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import sys
@@ -47,6 +48,7 @@ from typing import Any
 
 from searchrl.config import PipelineConfig, load_config
 from searchrl.exit_codes import exit_code_table, report_error
+from searchrl.paths import StagePaths
 from searchrl.sinks import MetricsSink, NullSink
 
 # CLI name -> stage name (searchrl.stages.STAGES)
@@ -67,7 +69,6 @@ def _sink(config: PipelineConfig, run_id: str | None) -> MetricsSink:
 
 def _inputs(command: str, config: PipelineConfig) -> list[Any]:
     """The stage's input references, read from the stages that produce them."""
-    from searchrl.paths import StagePaths
     from searchrl.stages import STAGES, read_ref
 
     producer = {STAGES[name].output_kind(): (cli, name) for cli, name in STAGE_COMMANDS.items()}
@@ -79,8 +80,53 @@ def _inputs(command: str, config: PipelineConfig) -> list[Any]:
         if optional and not (stage_dir / "ref.json").is_file():
             inputs.append(None)
             continue
+        _check_written_by_this_config(config, stage_name, stage_dir, cli)
         inputs.append(read_ref(kind, stage_dir, cli))
     return inputs
+
+
+# Beside a stage's ref.json, when the CLI ran the stage: the config values the stage read, so
+# a later command with another config does not build on it unawares. Tied to the ref.json it
+# was written with (its sha256): a ref.json written since (by the flow) is not judged by it.
+CLI_CONFIG_FILE = "cli_config.json"
+
+
+def _ref_sha(stage_dir: Path) -> str | None:
+    ref = stage_dir / "ref.json"
+    return hashlib.sha256(ref.read_bytes()).hexdigest() if ref.is_file() else None
+
+
+def _record_config(config: PipelineConfig, stage_name: str, stage_dir: Path) -> None:
+    from searchrl.data.io import atomic_write_text
+
+    atomic_write_text(stage_dir / CLI_CONFIG_FILE, json.dumps(
+        {"ref_sha256": _ref_sha(stage_dir), "fingerprint": config.fingerprint_of(stage_name),
+         "inputs": config.inputs_of(stage_name)}, indent=2, default=str))
+
+
+def _check_written_by_this_config(config: PipelineConfig, stage_name: str, stage_dir: Path,
+                                  cli: str) -> None:
+    """StageInputError (exit 3) naming the settings that differ when the CLI wrote
+    `stage_dir` with another config than this one."""
+    from searchrl.stages import StageInputError
+    from searchrl.tracking import _flatten  # dotted keys, as MLflow params show them
+
+    try:
+        recorded = json.loads((stage_dir / CLI_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # written by the flow (its cache keys tell configs apart), or unreadable
+    if (not isinstance(recorded, dict) or recorded.get("ref_sha256") != _ref_sha(stage_dir)
+            or recorded.get("fingerprint") == config.fingerprint_of(stage_name)):
+        return
+    there = _flatten(recorded.get("inputs") or {})
+    here = _flatten(json.loads(json.dumps(config.inputs_of(stage_name), default=str)))
+    differ = [f"{key} is {there.get(key)!r} there, {here.get(key)!r} here"
+              for key in sorted(set(there) | set(here)) if there.get(key) != here.get(key)]
+    shown = "; ".join(differ[:5]) + (f" (and {len(differ) - 5} more)" if len(differ) > 5 else "")
+    raise StageInputError(
+        f"{stage_dir} was written by another config ({shown or 'its settings differ'}): "
+        f"re-run `python -m searchrl {cli}` with this config, or set run.work_dir to a "
+        "directory of its own")
 
 
 def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
@@ -108,9 +154,12 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         return _rollback(config, args)
     if command == "prune":
         return _prune(config, args)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        print(f"--out {args.out}: exists and is not a directory; name a directory",
+              file=sys.stderr)
+        return 2
     if command == "generate-world":
         from searchrl.data.synthetic import generate_world, write_world
-        from searchrl.paths import StagePaths
 
         written = write_world(generate_world(config.data.synthetic),
                               args.out or StagePaths(config.run.work_dir).source_dir)
@@ -119,7 +168,9 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
     from searchrl.stages import STAGES
 
     inputs = _inputs(command, config)  # StageInputError: exit 3, naming what to run first
-    ref = STAGES[STAGE_COMMANDS[command]].run(config, *inputs, _sink(config, args.mlflow_run_id))
+    stage_name = STAGE_COMMANDS[command]
+    ref = STAGES[stage_name].run(config, *inputs, _sink(config, args.mlflow_run_id))
+    _record_config(config, stage_name, StagePaths(config.run.work_dir).work_dir / stage_name)
     print(json.dumps(dataclasses.asdict(ref), indent=2))
     if command == "gate":
         return 0 if ref.go else 1

@@ -107,7 +107,8 @@ def test_expected_errors_of_the_stages_exit_with_their_codes(
     world["data"]["train_path"] = str(tmp_path / "absent.jsonl")
     config.write_text(yaml.safe_dump(world))
     assert main(["validate", "--config", str(config)]) == 4
-    assert capsys.readouterr().err.strip().endswith("absent.jsonl: file not found")
+    assert capsys.readouterr().err.strip().endswith(
+        "absent.jsonl: file not found (data.train_path)")
     assert main(["index", "--config", str(config)]) == 3
     assert "run `python -m searchrl validate` first" in capsys.readouterr().err
 

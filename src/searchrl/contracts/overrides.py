@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from searchrl.data.io import read_user_text
 from searchrl.locks import held
 
 NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -80,8 +81,9 @@ def load_overrides(path: Path | None) -> list[Override]:
     if not path.is_file():
         raise OverridesError(f"{path}: overrides file not found (validate.overrides_path); "
                              "create it (an empty list `[]` is fine) or set it to null")
+    text = read_user_text(path, "overrides file (validate.overrides_path)", OverridesError)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise OverridesError(f"{path}: not valid YAML: {exc}") from exc
     if data is None:
@@ -236,9 +238,10 @@ def _decision_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         except LabelStudioExportError as exc:
             raise OverridesError(str(exc)) from exc
     out = []
-    with path.open(encoding="utf-8") as fh:
-        lines = [(i, line) for i, line in enumerate(fh, start=1) if line.strip()]
-    for lineno, line in lines:
+    text = read_user_text(path, "decisions file (--decisions)", OverridesError)
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
         label = f"{path}: line {lineno}"
         try:
             row = json.loads(line)
@@ -246,6 +249,10 @@ def _decision_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
             raise OverridesError(f"{label}: not valid JSON: {exc}") from exc
         if not isinstance(row, dict):
             raise OverridesError(f"{label}: expected a JSON object (one suspect row)")
+        if not str(row.get("key") or "").strip():  # undecided rows too: a wrong file is
+            raise OverridesError(f"{label}: field 'key' is missing: --decisions takes the "
+                                 "audit's suspect_labels*.jsonl rows (or a Label Studio JSON "
+                                 "export of its project)")
         out.append((label, row))
     return out
 

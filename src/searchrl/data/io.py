@@ -39,6 +39,22 @@ class DataError(ValueError):
     """A data file is missing or a row is unreadable; the message names file, row and field."""
 
 
+def read_user_text(path: Path, what: str, error: type[Exception] = DataError) -> str:
+    """The UTF-8 text of a file the user names (`what` says which, e.g. "overrides file
+    (validate.overrides_path)"); `error` naming the file, and the line of a byte that is not
+    UTF-8, when it is missing, unreadable or not UTF-8."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise error(f"{path}: line {line}: the {what} is not UTF-8 text (byte "
+                    f"{raw[exc.start]:#04x} at offset {exc.start}); save it as UTF-8") from None
+
+
 # --- raw rows
 
 # How much of an unreadable line a quarantine record keeps: enough to recognise it.

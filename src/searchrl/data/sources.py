@@ -18,6 +18,7 @@ from typing import Any
 from searchrl.config import DataConfig
 from searchrl.data.io import (
     BadRow,
+    DataError,
     fingerprint,
     read_passages,
     read_raw_qa_rows,
@@ -31,12 +32,27 @@ from searchrl.paths import safe_filename
 def source_fingerprint(cfg: DataConfig) -> str:
     """Fingerprint of the inputs: the data config plus the content hash of every input file."""
     parts = [json.dumps(cfg.model_dump(mode="json"), sort_keys=True)]
-    paths = [cfg.train_path, cfg.dev_path, cfg.test_path, cfg.corpus_path,
-             *cfg.extra_eval.values(), *cfg.extra_corpus.values()]
-    for path in paths:
-        if path and not path.startswith("hf://"):
-            parts.append(f"{path}={fingerprint(path)}")
+    for path in _local_sources(cfg).values():
+        parts.append(f"{path}={fingerprint(path)}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _local_sources(cfg: DataConfig) -> dict[str, str]:
+    """The config key (`data.train_path`, `data.extra_eval.<name>`, ...) -> each input file
+    or directory on this machine (hub datasets left out)."""
+    named = {"data.train_path": cfg.train_path, "data.dev_path": cfg.dev_path,
+             "data.test_path": cfg.test_path, "data.corpus_path": cfg.corpus_path,
+             **{f"data.extra_eval.{n}": p for n, p in cfg.extra_eval.items()},
+             **{f"data.extra_corpus.{n}": p for n, p in cfg.extra_corpus.items()}}
+    return {key: path for key, path in named.items() if path and not path.startswith("hf://")}
+
+
+def check_sources_exist(cfg: DataConfig) -> None:
+    """DataError naming the file and its config key when an input does not exist: found
+    before anything is copied, not after the QA sets were."""
+    for key, path in _local_sources(cfg).items():
+        if not Path(path).exists():
+            raise DataError(f"{path}: file not found ({key})")
 
 
 @dataclass
@@ -107,6 +123,7 @@ def materialise_sources(cfg: DataConfig, out_dir: Path, *,
     `copy_corpora=False` leaves the corpus copies to the caller (`pending_copies`): validation
     streams a wiki-scale corpus once, copying it while it checks it.
     """
+    check_sources_exist(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     pending: dict[Path, str] = {}
     if cfg.source == "synthetic":

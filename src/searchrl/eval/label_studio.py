@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.io import atomic_write_text
+from searchrl.data.io import atomic_write_text, read_user_text
 
 MODEL_VERSION = "searchrl-audit"
 TASKS_SUFFIX = ".label_studio.json"
@@ -96,9 +96,9 @@ def write_label_studio(suspects_path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def is_label_studio_export(path: Path) -> bool:
     """A JSON array (Label Studio's export), not JSONL rows."""
-    with path.open(encoding="utf-8") as fh:
+    with path.open("rb") as fh:  # bytes: a file that is not UTF-8 is its reader's to refuse
         head = fh.read(4096).lstrip()
-    return head.startswith("[")
+    return head.startswith(b"[")
 
 
 def _steward(annotation: Mapping[str, Any]) -> str:
@@ -157,11 +157,35 @@ def _decide(task: Mapping[str, Any]) -> dict[str, Any]:
                       f"/annotation {last.get('id')}"}
 
 
+def _check_annotations(task: Mapping[str, Any], label: str) -> None:
+    """LabelStudioExportError naming the task and field when its annotations do not have the
+    shape of Label Studio's JSON export (a list of objects, each `result` a list of
+    objects)."""
+    annotations = task.get("annotations") or []
+    if not isinstance(annotations, list):
+        raise LabelStudioExportError(f"{label}: field 'annotations': expected a list, got "
+                                     f"{type(annotations).__name__}")
+    for i, annotation in enumerate(annotations):
+        where = f"{label}: field 'annotations[{i}]"
+        if not isinstance(annotation, dict):
+            raise LabelStudioExportError(f"{where}': expected an object, got "
+                                         f"{type(annotation).__name__}")
+        result = annotation.get("result") or []
+        if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
+            raise LabelStudioExportError(f"{where}.result': expected a list of objects (Label "
+                                         "Studio's JSON export)")
+        for item in result:
+            if not isinstance(item.get("value") or {}, dict):
+                raise LabelStudioExportError(f"{where}.result': field 'value' must be an "
+                                             "object")
+
+
 def rows_from_export(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(label naming file and task, audit row with the steward's decision) per exported task;
     a task nobody annotated is an undecided row."""
+    text = read_user_text(path, "Label Studio export", LabelStudioExportError)
     try:
-        tasks = json.loads(path.read_text(encoding="utf-8"))
+        tasks = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LabelStudioExportError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(tasks, list):
@@ -173,6 +197,7 @@ def rows_from_export(path: Path) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
             raise LabelStudioExportError(f"{label}: field 'data' is missing: export the "
                                          "project created from *.label_studio.json as JSON")
+        _check_annotations(task, label)
         row = {k: task["data"].get(k) for k in ROW_FIELDS}
         row |= {"decision": "", "corrected_answers": [], "reason": "", "steward": ""}
         row |= _decide(task)

@@ -15,10 +15,11 @@ missing/wrong bearer token answers 401, a body above `max_body_bytes` (room for 
 valid request) 413, neither reading the rest. Then the rate limit (more than
 `service_rate_limit_per_s` requests/s from one client: 429 with Retry-After), before the body
 is parsed. Limits (from `IndexConfig`) answer with a clear 4xx, checked cheapest first so a
-malformed body costs little (a 3 MB list of integers: 0.2 s, not 40 s and 2 GB): batch above
-`max_batch` 413 before any query is looked at; not JSON, a wrong shape, an empty batch, bad
-top-k, an overlong query or one that is not valid Unicode (a lone surrogate) 422, its detail
-naming at most a few fields and never echoing the input. More than
+malformed body costs little (a 3 MB list of integers: 0.2 s, was 52.7 s and 1.4 GB;
+benchmarks/bench_bad_body.py): batch above `max_batch` 413 before any query is looked at;
+not JSON, a wrong shape, an empty batch, bad top-k, an overlong query or one that is not
+valid Unicode (a lone surrogate) 422, its detail naming at most a few fields and never
+echoing the input. More than
 `service_max_inflight` requests admitted at once, or one that waited a whole
 `service_search_timeout_s` for a worker, answer 503 "busy" with Retry-After, so clients
 retry. A search that fails answers 500, one that runs past `service_search_timeout_s` 504,
@@ -70,8 +71,9 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from searchrl.config import IndexConfig, load_config
+from searchrl.config import ConfigError, IndexConfig, load_config
 from searchrl.data.io import read_manifest
+from searchrl.exit_codes import exit_code_table, report_error
 from searchrl.httpx_helpers import NO_RETRY_HEADER
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.dense import Encoder, FloatArray
@@ -526,10 +528,24 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Serve until stopped; an expected error (no index, a taken port, a bad config) prints
+    its message alone and exits with its code (`searchrl.exit_codes`)."""
+    try:
+        _serve(argv)
+    except Exception as exc:
+        return report_error(exc)
+    return 0
+
+
+def _serve(argv: list[str] | None) -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description="Serve a built index over HTTP")
+    from searchrl.retrieval.service import check_port_free
+
+    parser = argparse.ArgumentParser(description="Serve a built index over HTTP",
+                                     epilog=exit_code_table(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index-dir", type=Path, required=True,
                         help="the build_index stage directory, or one corpus directory")
     parser.add_argument("--config", default="configs/tiny.yaml")
@@ -550,10 +566,11 @@ def main(argv: list[str] | None = None) -> None:
     port = args.port or config.service_port
     token = os.environ.get(config.service_token_env) or None
     if not _is_loopback(host) and token is None and not args.allow_remote_without_token:
-        raise SystemExit(f"refusing to serve on {host} without a token: set "
-                         f"${config.service_token_env} (or pass --allow-remote-without-token)")
+        raise ConfigError(f"refusing to serve on {host} without a token: set "
+                          f"${config.service_token_env} (or pass --allow-remote-without-token)")
     if args.exit_with_parent:
         _exit_with_parent()
+    check_port_free(host, port)  # before the index loads, which can take minutes
     searcher, on_gpu = load_service_searcher(resolve_corpus(args.index_dir, args.corpus), config)
     app = create_app(searcher, config, token, serialise=args.serialise or on_gpu,
                      info={"passages": searcher.size, "retriever": searcher.retriever,
@@ -566,4 +583,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

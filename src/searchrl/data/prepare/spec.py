@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from searchrl.config import check_set_names
-from searchrl.data.io import DataError
+from searchrl.data.io import DataError, read_user_text
 from searchrl.paths import safe_filename
 
 QALayout = Literal["auto", "search_r1", "flashrag", "nq_open", "triviaqa", "popqa", "hotpotqa",
@@ -93,10 +93,9 @@ class PrepareSpec(_Spec):
 def load_spec(path: str | Path) -> PrepareSpec:
     """Read a spec YAML; DataError names the file and the offending key."""
     path = Path(path)
+    text = read_user_text(path, "prepare spec (--spec)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read spec: {exc}") from exc
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise DataError(f"{path}: not valid YAML: {exc}") from exc
     try:
