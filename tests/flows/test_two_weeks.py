@@ -14,6 +14,7 @@ retention keeps the registry and the work dir bounded."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ import pytest
 from tests.flows.test_pipeline_flow import FAST
 
 ROOT = Path(__file__).resolve().parents[2]
+# Run from another checkout (a worktree), the scripts import that checkout's library.
+PYTHONPATH = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
 def prefect_processes(prefect_home: Path, wait_s: float = 10.0) -> list[str]:
@@ -55,7 +58,7 @@ def test_two_weeks_of_the_local_deployment(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=3000,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
              "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"},
+             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert prefect_processes(tmp_path / "prefect") == []  # no worker or server left behind
@@ -133,7 +136,7 @@ def test_six_weeks_with_faults_fail_loudly_and_recover(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=3000,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
              "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"},
+             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert prefect_processes(tmp_path / "prefect") == []

@@ -67,11 +67,15 @@ def _retriever_down() -> list[str]:
 
 def _steward(data: Path, work: Path, overrides: list[str], env: dict[str, str]
              ) -> dict[str, Any] | None:
-    """The steward's decisions on the last audit queue, through apply-audit."""
+    """The steward's decisions on the last audit queue, through apply-audit: on the last
+    validated train split, or the world's train file after a week whose validation failed
+    (a failed stage leaves no ref.json)."""
     ref = work / "validate_gold_labels" / "ref.json"
-    if not ref.is_file():
+    train_file = (Path(json.loads(ref.read_text())["paths"]["train"]) if ref.is_file()
+                  else wd.world_dir(data) / "train.jsonl")
+    if not train_file.is_file():
         return None
-    train_rows = wd.read_rows(Path(json.loads(ref.read_text())["paths"]["train"]))
+    train_rows = wd.read_rows(train_file)
     rows, note = wd.pick_decisions(work / "evaluate_policy", train_rows, wd.corpus_text(data),
                                    wd.decided_keys(data / "overrides.yaml"))
     decisions = data / "steward_decisions.jsonl"
