@@ -26,8 +26,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(0, "success (gate: GO)"),
     ExitCode(1, "the answer is no: gate NO-GO, or apply-audit found conflicting decisions"),
     ExitCode(2, "usage or configuration: a bad option, config key or value", ("ConfigError",)),
-    ExitCode(3, "a stage's input is missing or stale: run the stage it names first",
-             ("StageInputError",)),
+    ExitCode(3, "a stage's input is missing or stale (or in another release's format): run "
+                "the stage it names first", ("StageInputError", "EvalResultsError")),
     ExitCode(4, "an input file is missing or unreadable (data, overrides, demos, encoder)",
              ("DataError", "OverridesError", "DemoError", "EncoderError")),
     ExitCode(5, "data breaks its contract (a corpus, or a contract suite module)",

@@ -15,6 +15,8 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.config import IndexConfig, PipelineConfig, load_config
+from searchrl.eval.results import EvalResultsError, load_eval_result
+from searchrl.exit_codes import exit_code_of
 from searchrl.retrieval import embedding, index_store
 from searchrl.retrieval.embedding import EmbeddingCache, text_hashes
 from searchrl.retrieval.index_store import IndexStoreError, build_index, load_searcher
@@ -76,6 +78,25 @@ def test_a_stage_reference_of_this_release_is_read_and_another_format_is_a_stage
     assert main(["index", "--config", str(cfg)]) == 3
     err = capsys.readouterr().err
     assert "not a DatasetRef this release reads" in err and "Traceback" not in err
+
+
+def test_evaluation_results_of_this_release_are_read_and_another_format_is_refused(
+        formats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = formats / "work" / "evaluate_policy" / "results.json"
+    result = load_eval_result(path)
+    assert result.n_questions == 60 and set(result.systems) == {"retrieve_once", "trained"}
+    monkeypatch.setattr("searchrl.eval.results.READABLE_RESULTS_FORMATS", frozenset({2}))
+    with pytest.raises(EvalResultsError, match=r"results\.json: results format 1, this "
+                                               r"release reads \[2\]; re-run the "
+                                               r"evaluate_policy stage") as err:
+        load_eval_result(path)
+    assert exit_code_of(err.value) == 3
+    monkeypatch.undo()
+    data = json.loads(path.read_text())
+    del data["systems"]["trained"]["summary"]  # a layout that moved a field: no KeyError
+    path.write_text(json.dumps(data))
+    with pytest.raises(EvalResultsError, match="not evaluation results this release reads"):
+        load_eval_result(path)
 
 
 # --- index components and the embedding cache: recomputed in another format

@@ -15,6 +15,15 @@ from searchrl.eval.baselines import SystemSpec
 from searchrl.eval.metrics import Interval, QuestionResult, Summary
 
 RESULTS_FILE = "results.json"
+# The layout of results.json: bump it when `EvalResult.to_dict` changes so that another
+# release's file would be misread. A file without the stamp was written before it, in layout 1.
+RESULTS_FORMAT = 1
+READABLE_RESULTS_FORMATS = frozenset({1})
+
+
+class EvalResultsError(RuntimeError):
+    """A results.json this release does not read (another release's layout): names the file
+    and the stage to re-run."""
 
 
 @dataclass(frozen=True)
@@ -196,11 +205,26 @@ def known_slice_card(names: Iterable[str]) -> dict[str, str]:
     return {n: str(card[n]) for n in names if n in card}
 
 
+def eval_result_json(result: EvalResult) -> str:
+    """results.json's text: the result stamped with its layout."""
+    return json.dumps({"format_version": RESULTS_FORMAT, **result.to_dict()}, indent=2)
+
+
 def load_eval_result(path: str | Path) -> EvalResult:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no evaluation results; run the evaluate_policy stage")
-    return EvalResult.from_dict(json.loads(path.read_text()))
+    rerun = "re-run the evaluate_policy stage (`python -m searchrl evaluate`) with this release"
+    data = json.loads(path.read_text())
+    stamp = data.pop("format_version", 1) if isinstance(data, dict) else None
+    if stamp not in READABLE_RESULTS_FORMATS:
+        raise EvalResultsError(f"{path}: results format {stamp!r}, this release reads "
+                               f"{sorted(READABLE_RESULTS_FORMATS)}; {rerun}")
+    try:
+        return EvalResult.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EvalResultsError(f"{path}: not evaluation results this release reads "
+                               f"({type(exc).__name__}: {exc}); {rerun}") from exc
 
 
 def read_question_results(path: str | Path) -> list[QuestionResult]:

@@ -29,7 +29,6 @@ still run one after another; the scripted system and an endpoint (the frontier) 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import shutil
 import time
@@ -77,6 +76,7 @@ from searchrl.eval.results import (
     EvalResult,
     SetResult,
     SystemResult,
+    eval_result_json,
     known_slice_card,
 )
 from searchrl.eval.scripted import ScriptedSystem
@@ -307,7 +307,7 @@ def evaluate(examples: Sequence[QAExample], systems: Sequence[SystemSpec], searc
 
 def write_results(result: EvalResult, out_dir: Path) -> Path:
     path = out_dir / RESULTS_FILE
-    atomic_write_text(path, json.dumps(result.to_dict(), indent=2))
+    atomic_write_text(path, eval_result_json(result))
     return path
 
 
