@@ -1,14 +1,15 @@
 """Stewards in a real Label Studio (slow; `make steward-env` installs it in .venv-steward/).
 
-Label Studio starts in a temporary directory (sqlite, a free port). The queue of suspects is
-pushed as tasks with the evidence passages (searchrl.eval.label_studio_api, a personal access
-token); two stewards sign in through the browser's forms (the second by the project's invite
-link) and submit annotations through the API calls the browser makes; the export is pulled and
-applied by `apply-audit`: the agreed correction lands in the overrides file with who, when and
-which annotation, the row the stewards disagree on is a conflict (exit 1, nothing merged for
-it), and the next validation trains on the corrected gold (the DatasetRef, whose fingerprint
-keys the train stage, changes; tests/flows/test_steward_changes.py follows an override into
-retraining). Label Studio is stopped at the end and leaves no process behind.
+Label Studio starts in a temporary directory (sqlite, a free port). The queues of suspects (the
+audit's, and validation's flagged rows) are pushed as tasks with the evidence passages
+(searchrl.eval.label_studio_api, a personal access token); two stewards sign in through the
+browser's forms (the second by the project's invite link) and submit annotations through the
+API calls the browser makes; the export is pulled and applied by `apply-audit`: the agreed
+correction lands in the overrides file with who, when and which annotation, the row the
+stewards disagree on is a conflict (exit 1, nothing merged for it), and the next validation
+trains on the corrected gold (the DatasetRef, whose fingerprint keys the train stage, changes;
+tests/flows/test_steward_changes.py follows an override into retraining). Label Studio is
+stopped at the end and leaves no process behind.
 """
 
 from __future__ import annotations
@@ -178,6 +179,10 @@ def test_label_studio_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         pushes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert [p["imported"] for p in pushes] == [2, 0]
         project = pushes[0]["project"]
+        validation = tmp_path / "run" / "validate_gold_labels"  # validation's suspects too
+        assert ls_main(["push", "--validation", str(validation), "--project", PROJECT]) == 0
+        # train/t2 (flagged: '1919' and '1919.' are one answer) is held already: not twice
+        assert json.loads(capsys.readouterr().out)["imported"] == 3
         label_config = lead.get(f"/api/projects/{project}").json()["label_config"]
         assert '<Text name="evidence" value="$evidence"/>' in label_config
 
@@ -185,8 +190,9 @@ def test_label_studio_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ana = LabelStudio(_browser(url, ANA, ANA_PW, invite=invite))
         bo = LabelStudio(_browser(url, BO, BO_PW, invite=invite))
         tasks = {t["data"]["key"]: t for t in ana.tasks(project)}
-        assert set(tasks) == {"train/t1", "train/t2"}
+        assert set(tasks) == {"train/t1", "train/t2", "train/t10", "train/t12", "test/e3"}
         assert "Paris is the capital of France." in tasks["train/t1"]["data"]["evidence"]
+        assert "in none of the supporting passages" in tasks["train/t10"]["data"]["evidence"]
         # t1: both correct it the same way (Ana first chose accept, then changed her mind)
         ana.annotate(tasks["train/t1"]["id"], [_choice("decision", "accept")])
         first = {a["id"] for a in ana.client.get(
@@ -201,16 +207,20 @@ def test_label_studio_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ana.annotate(tasks["train/t2"]["id"], [_choice("decision", "accept")])
         bo.annotate(tasks["train/t2"]["id"], [_choice("decision", "correct"),
                                               _text("corrected_answers", "1919")])
+        # t10 (validation's): the gold is right, the supporting passage ids are not
+        bo.annotate(tasks["train/t10"]["id"], [_choice("decision", "accept"),
+                                               _text("reason", "p5 says so")])
         assert ls_main(["pull", "--project", PROJECT, "--out", str(export)]) == 0
         capsys.readouterr()
 
     assert main(["apply-audit", "--decisions", str(export), *config_args]) == 1  # a conflict
     merged = json.loads(capsys.readouterr().out)
-    assert merged["added"] == ["t1"]
+    assert merged["added"] == ["t1", "t10"] and merged["undecided"] == 2
     (conflict,) = merged["conflicts"]
     assert conflict.startswith("train/t2: stewards disagree in Label Studio")
     assert f"{ANA} (" in conflict and f"{BO} (" in conflict and "correct ['1919']" in conflict
-    (t1,) = load_overrides(overrides)  # the audit trail a steward shows a reviewer
+    t1, t10 = load_overrides(overrides)  # the audit trail a steward shows a reviewer
+    assert (t10.id, t10.action, t10.steward, t10.reason) == ("t10", "accept", BO, "p5 says so")
     assert (t1.action, t1.golden_answers) == ("correct", ("Paris", "Paris, France"))
     assert t1.steward == f"{ANA}, {BO}" and t1.reason.startswith("both name the city")
     assert t1.decided_at is not None and t1.decided_at.startswith(time.strftime("%Y-"))

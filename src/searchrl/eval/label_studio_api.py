@@ -5,6 +5,8 @@ its pins, pyarrow<25 among them, conflict with ours), so this talks to it with h
 
     python -m searchrl.eval.label_studio_api push --suspects DIR/suspect_labels.jsonl \
         [--project TITLE]        # the queue (its .label_studio.json) into a project
+    python -m searchrl.eval.label_studio_api push --validation RUN/validate_gold_labels
+                                 # validation's suspects (flagged, kept rows) likewise
     python -m searchrl.eval.label_studio_api pull --project TITLE --out export.json
                                  # the project's JSON export, for `apply-audit --decisions`
 
@@ -28,6 +30,7 @@ import httpx
 
 from searchrl.data.io import atomic_write_text
 from searchrl.eval.label_studio import CONFIG_FILE, LABEL_CONFIG, TASKS_SUFFIX
+from searchrl.eval.validation_queue import write_validation_queue
 
 URL_ENV, KEY_ENV = "LABEL_STUDIO_URL", "LABEL_STUDIO_API_KEY"
 DEFAULT_PROJECT = "searchrl label audit"
@@ -176,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["push", "pull"])
     parser.add_argument("--suspects", type=Path, help="push: a suspect_labels*.jsonl")
+    parser.add_argument("--validation", type=Path,
+                        help="push: a validate stage's directory (its flagged, kept rows)")
     parser.add_argument("--project", default=DEFAULT_PROJECT, help="the project's title")
     parser.add_argument("--out", type=Path, help="pull: where to write the export")
     args = parser.parse_args(argv)
@@ -184,14 +189,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"set ${URL_ENV} (e.g. http://127.0.0.1:8080) and ${KEY_ENV} (a personal "
               "access token: Account & Settings in Label Studio)", file=sys.stderr)
         return 2
-    if (args.command == "push") != (args.suspects is not None) or (
-            args.command == "pull") != (args.out is not None):
-        print("push needs --suspects FILE; pull needs --out FILE", file=sys.stderr)
+    pushing = args.suspects is not None or args.validation is not None
+    if (args.command == "push") != pushing or (args.command == "pull") != (
+            args.out is not None):
+        print("push needs --suspects FILE or --validation DIR; pull needs --out FILE",
+              file=sys.stderr)
         return 2
     try:
         ls = LabelStudio.from_token(url, token)
         if args.command == "push":
-            project, added = push_suspects(ls, args.suspects, args.project)
+            suspects = args.suspects or write_validation_queue(args.validation)
+            project, added = push_suspects(ls, suspects, args.project)
             print(json.dumps({"project": project, "imported": added}))
         else:
             print(json.dumps({"export": str(pull_export(ls, args.project, args.out))}))
