@@ -14,7 +14,9 @@ checkpoints and embedding-cache shards, never what the champion or a rollback ne
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
 Prefect also gets the decision as a keyed markdown artifact and events for automations (GO /
-NO-GO, quarantine over threshold, new gold-likely-wrong suspects, failed stages): tasks/events.py.
+NO-GO, quarantine over threshold, gold-set drift, new gold-likely-wrong suspects, failed
+stages): tasks/events.py; who hears of which: prefect-automations.yaml, installed by
+flows/automations.py. Flow runs are named after `run.name`.
 With `index.mode: service` the retrieval server runs around stages 3-5 (the ones that search):
 started on `index.service_url` when the first of them asks for a searcher (never, when all
 three come from cache), restarted once if it dies, stopped when they end or fail. The flow
