@@ -15,6 +15,8 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.config import IndexConfig, PipelineConfig, load_config
+from searchrl.contracts import drift as drift_module
+from searchrl.contracts.drift import GoldDigest, compare, reference_digest
 from searchrl.eval.results import EvalResultsError, load_eval_result
 from searchrl.exit_codes import exit_code_of
 from searchrl.retrieval import embedding, index_store
@@ -30,7 +32,7 @@ from searchrl.train.checkpoint import (
     run_identity,
     verify_checkpoint,
 )
-from searchrl.types import DatasetRef, QAExample
+from searchrl.types import DatasetRef, Passage, QAExample
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
 BM25_ONLY = IndexConfig(retriever="bm25", eval_all_retrievers=False)
@@ -97,6 +99,25 @@ def test_evaluation_results_of_this_release_are_read_and_another_format_is_refus
     path.write_text(json.dumps(data))
     with pytest.raises(EvalResultsError, match="not evaluation results this release reads"):
         load_eval_result(path)
+
+
+def test_the_champions_gold_digest_is_compared_only_in_its_own_format(
+        formats: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    work = formats / "work"
+    found = reference_digest(work)
+    assert found is not None and found[0] == "champion"
+    same = GoldDigest()  # this week's data: the fixture's own question and corpus
+    same.add_qa("train", [QAExample(id="q1", question="Where was Ailen Dour born?",
+                                    golden_answers=("Vormak",))])
+    corpus = work / "validate_gold_labels" / "corpus.jsonl"
+    same.corpus("main").add([Passage(**json.loads(line)) for line in corpus.open()])
+    drift = compare(same, *found, warn_fraction=0.1)
+    assert [(s.name, s.added, s.removed, s.changed) for s in drift.sets] == \
+        [("train", 0, 0, 0), ("main", 0, 0, 0)]
+    # Hashed another way by a later release: not compared (every row would read "changed").
+    monkeypatch.setattr(drift_module, "DIGEST_FORMAT", 2)
+    assert reference_digest(work) is None
+    assert "gold digest format 1, this release compares 2" in caplog.text
 
 
 # --- index components and the embedding cache: recomputed in another format

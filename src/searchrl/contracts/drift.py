@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ from searchrl.types import Passage, QAExample
 
 DIGEST_DIR = "gold_digest"
 QA_FILE, META_FILE = "qa.json", "meta.json"
+# The digest's layout and hashes (meta.json `format`; none: written before the stamp, 1).
+# A kept digest of another format is not compared with (its hashes would all differ: every
+# row "changed"); the drift report resumes once this release has written one.
+DIGEST_FORMAT = 1
+
+log = logging.getLogger(__name__)
 
 
 def history_dir(work_dir: Path) -> Path:
@@ -100,7 +107,8 @@ class GoldDigest:
             np.savez(out_dir / f"corpus_{safe_filename(name)}.npz", ids=ids, content=content,
                      name=np.array(name))
         atomic_write_text(out_dir / META_FILE, json.dumps(
-            meta | {"written_at": datetime.now(UTC).isoformat()}, indent=1, default=str))
+            meta | {"written_at": datetime.now(UTC).isoformat(), "format": DIGEST_FORMAT},
+            indent=1, default=str))
         return out_dir
 
 
@@ -116,11 +124,21 @@ def keep_digest(src: Path, dest: Path) -> None:
 
 
 def reference_digest(work_dir: Path) -> tuple[str, Path] | None:
-    """(`champion` or `last`, its dir): the champion's digest when there is one."""
+    """(`champion` or `last`, its dir): the champion's digest when there is one in this
+    release's format, else the last one's; None when neither is."""
     base = history_dir(work_dir)
     for kind in ("champion", "last"):
-        if (base / kind / META_FILE).is_file():
+        meta = base / kind / META_FILE
+        if not meta.is_file():
+            continue
+        try:
+            stamp = json.loads(meta.read_text()).get("format", 1)
+        except (OSError, ValueError, AttributeError):
+            stamp = None
+        if stamp == DIGEST_FORMAT:
             return kind, base / kind
+        log.warning("%s: gold digest format %r, this release compares %d: no drift measured "
+                    "against it (the next validations are)", meta, stamp, DIGEST_FORMAT)
     return None
 
 
