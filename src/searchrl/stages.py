@@ -163,10 +163,12 @@ def _begin_fresh(stage_dir: Path) -> None:
 
 
 def stage_dir_lock(stage_dir: Path) -> contextlib.AbstractContextManager[Path]:
-    """One run at a time in a stage dir that the stage clears (evaluate, gate): a concurrent
-    manual run would wipe this one's files. BusyError naming the holder."""
+    """One run at a time in a stage dir: a stage clears or rewrites its dir (evaluate and gate
+    replace it whole, validation drops its earlier outputs' manifests, the index build its
+    temp dirs), so a concurrent manual run would wipe or mix this one's files (training holds
+    its checkpoint dir's lock instead). BusyError naming the holder."""
     return held(stage_dir, busy=f"another run of this stage writes into {stage_dir} (and "
-                                "clears it first)")
+                                "clears or rewrites it)")
 
 
 def _finish(ref: R, stage_dir: Path) -> R:
@@ -180,41 +182,42 @@ def _finish(ref: R, stage_dir: Path) -> R:
 def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRef:
     """Contracts, quarantine and audit report; the clean splits and corpora as a DatasetRef."""
     out_dir = StagePaths(config.run.work_dir).validate_dir
-    _begin(out_dir)
-    sink.log_params(config.to_dict()["validate"])
-    try:
-        result = run_validation(config, out_dir)
-    except QuarantineThresholdError as exc:
-        # The run fails, but the steward needs the report to act on: log it first.
-        for report in exc.report_paths:
-            sink.log_artifact(report, "validation")
-        raise
-    sink.log_metrics(result.metrics())
-    for artifact in (result.report_html, result.report_md, result.audit_path,
-                     result.quarantine_path):
-        if artifact is not None:
-            sink.log_artifact(artifact, "validation")
-    paths = {name: str(p) for name, p in result.split_paths.items()}
-    fingerprints = {name: fingerprint(p) for name, p in result.split_paths.items()}
-    corpus_fp = fingerprint(result.corpus_path)
-    extra = {name: str(p) for name, p in result.extra_corpora.items()}
-    evals = {name: str(p) for name, p in result.extra_evals.items()}
-    eval_fps = {name: fingerprint(p) for name, p in evals.items()}
-    sink.set_tags({f"data.{k}": v for k, v in fingerprints.items()} | {"data.corpus": corpus_fp}
-                  | {f"data.extra_eval.{k}": v for k, v in eval_fps.items()})
-    combined = "|".join(f"{k}={v}" for k, v in sorted(fingerprints.items()))
-    evals_fp = "|".join(f"extra_eval.{k}={v}" for k, v in sorted(eval_fps.items()))
-    extra_fp = "|".join(f"{k}={fingerprint(v)}" for k, v in sorted(extra.items()))
-    return _finish(DatasetRef(
-        paths=paths, fingerprints=fingerprints, corpus_path=str(result.corpus_path),
-        corpus_fingerprint=corpus_fp,
-        fingerprint="|".join(p for p in (combined, evals_fp, f"corpus={corpus_fp}", extra_fp)
-                             if p),
-        extra_corpora=extra, extra_evals=evals,
-        files=files_of(*paths.values(), *evals.values(), result.corpus_path, *extra.values()),
-        mlflow_run_id=sink.run_id,
-        report_path=str(result.report_html) if result.report_html else None,
-        digest_dir=str(result.digest_dir) if result.digest_dir else None), out_dir)
+    with stage_dir_lock(out_dir):
+        _begin(out_dir)
+        sink.log_params(config.to_dict()["validate"])
+        try:
+            result = run_validation(config, out_dir)
+        except QuarantineThresholdError as exc:
+            # The run fails, but the steward needs the report to act on: log it first.
+            for report in exc.report_paths:
+                sink.log_artifact(report, "validation")
+            raise
+        sink.log_metrics(result.metrics())
+        for artifact in (result.report_html, result.report_md, result.audit_path,
+                         result.quarantine_path):
+            if artifact is not None:
+                sink.log_artifact(artifact, "validation")
+        paths = {name: str(p) for name, p in result.split_paths.items()}
+        fingerprints = {name: fingerprint(p) for name, p in result.split_paths.items()}
+        corpus_fp = fingerprint(result.corpus_path)
+        extra = {name: str(p) for name, p in result.extra_corpora.items()}
+        evals = {name: str(p) for name, p in result.extra_evals.items()}
+        eval_fps = {name: fingerprint(p) for name, p in evals.items()}
+        sink.set_tags({f"data.{k}": v for k, v in fingerprints.items()} | {"data.corpus": corpus_fp}
+                      | {f"data.extra_eval.{k}": v for k, v in eval_fps.items()})
+        combined = "|".join(f"{k}={v}" for k, v in sorted(fingerprints.items()))
+        evals_fp = "|".join(f"extra_eval.{k}={v}" for k, v in sorted(eval_fps.items()))
+        extra_fp = "|".join(f"{k}={fingerprint(v)}" for k, v in sorted(extra.items()))
+        return _finish(DatasetRef(
+            paths=paths, fingerprints=fingerprints, corpus_path=str(result.corpus_path),
+            corpus_fingerprint=corpus_fp,
+            fingerprint="|".join(p for p in (combined, evals_fp, f"corpus={corpus_fp}", extra_fp)
+                                 if p),
+            extra_corpora=extra, extra_evals=evals,
+            files=files_of(*paths.values(), *evals.values(), result.corpus_path, *extra.values()),
+            mlflow_run_id=sink.run_id,
+            report_path=str(result.report_html) if result.report_html else None,
+            digest_dir=str(result.digest_dir) if result.digest_dir else None), out_dir)
 
 
 def _validation_inputs(config: PipelineConfig) -> str:
@@ -254,22 +257,23 @@ def corpora_of(dataset: DatasetRef) -> tuple[dict[str, Path], dict[str, dict[str
 def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) -> IndexRef:
     """BM25 / dense / hybrid indexes of every corpus, poisoning scan, recall@k."""
     stage_dir = StagePaths(config.run.work_dir).index_dir
-    _begin(stage_dir)
-    sink.log_params(config.to_dict()["index"])
-    corpora, evals = corpora_of(dataset)
-    with open_engine(config.engine) as engine:  # dense embedding shards run on it
-        combined, results = build_indexes(corpora, evals, stage_dir, config.index, sink,
-                                          engine=engine)
-    sink.log_metrics({"passages": float(sum(r.passages for r in results)),
-                      "build_seconds": sum(r.build_seconds for r in results),
-                      "index_bytes": float(sum(r.index_bytes for r in results))})
-    sink.log_artifact(stage_dir / "report.json", "index")
-    sink.set_tags({"index.fingerprint": combined, "index.retriever": config.index.retriever})
-    # The manifest is written last by build_indexes and names every component's fingerprint.
-    return _finish(IndexRef(index_dir=str(stage_dir), fingerprint=combined,
-                            retriever=config.index.retriever,
-                            files=files_of(stage_dir / "manifest.json"),
-                            mlflow_run_id=sink.run_id), stage_dir)
+    with stage_dir_lock(stage_dir):
+        _begin(stage_dir)
+        sink.log_params(config.to_dict()["index"])
+        corpora, evals = corpora_of(dataset)
+        with open_engine(config.engine) as engine:  # dense embedding shards run on it
+            combined, results = build_indexes(corpora, evals, stage_dir, config.index, sink,
+                                              engine=engine)
+        sink.log_metrics({"passages": float(sum(r.passages for r in results)),
+                          "build_seconds": sum(r.build_seconds for r in results),
+                          "index_bytes": float(sum(r.index_bytes for r in results))})
+        sink.log_artifact(stage_dir / "report.json", "index")
+        sink.set_tags({"index.fingerprint": combined, "index.retriever": config.index.retriever})
+        # The manifest is written last by build_indexes and names every component's fingerprint.
+        return _finish(IndexRef(index_dir=str(stage_dir), fingerprint=combined,
+                                retriever=config.index.retriever,
+                                files=files_of(stage_dir / "manifest.json"),
+                                mlflow_run_id=sink.run_id), stage_dir)
 
 
 # --- 3. filter_curriculum
@@ -282,27 +286,28 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     estimate per question, zero-variance questions dropped, the rest ordered."""
     started = time.perf_counter()
     paths = StagePaths(config.run.work_dir)
-    _begin(paths.curriculum_dir)
-    train_path = Path(dataset.paths["train"])
-    sink.log_params(config.to_dict()["curriculum"])
-    searcher = searchers_for(config, searchers).searcher(index.index_dir)
-    sft_dir = cold_start(config, read_qa(train_path), read_passages(dataset.corpus_path),
-                         searcher, paths.train_dir / "sft", sink)
-    result = run_curriculum(config, train_path, sft_dir, searcher, paths.curriculum_dir)
-    # Its correct samples, which rejection sampling fine-tunes on instead of sampling again.
-    samples = write_estimate_samples(paths.curriculum_dir / SAMPLES_FILE, result.records,
-                                     policy_dir=sft_dir, config=config)
-    sink.log_metrics({k: float(v) for k, v in result.counts.items()}
-                     | {"mean_pass_rate": result.mean_pass_rate})
-    for artifact in (result.train_path, result.difficulty_path, result.dropped_path,
-                     result.histogram_path):
-        sink.log_artifact(artifact, "curriculum")
-    return _finish(CurriculumRef(
-        train_path=str(result.train_path), fingerprint=fingerprint(result.train_path),
-        difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
-        samples_path=str(samples), files=files_of(result.train_path, sft_dir, samples),
-        seconds=time.perf_counter() - started, mlflow_run_id=sink.run_id),
-        paths.curriculum_dir)
+    with stage_dir_lock(paths.curriculum_dir):
+        _begin(paths.curriculum_dir)
+        train_path = Path(dataset.paths["train"])
+        sink.log_params(config.to_dict()["curriculum"])
+        searcher = searchers_for(config, searchers).searcher(index.index_dir)
+        sft_dir = cold_start(config, read_qa(train_path), read_passages(dataset.corpus_path),
+                             searcher, paths.train_dir / "sft", sink)
+        result = run_curriculum(config, train_path, sft_dir, searcher, paths.curriculum_dir)
+        # Its correct samples, which rejection sampling fine-tunes on instead of sampling again.
+        samples = write_estimate_samples(paths.curriculum_dir / SAMPLES_FILE, result.records,
+                                         policy_dir=sft_dir, config=config)
+        sink.log_metrics({k: float(v) for k, v in result.counts.items()}
+                         | {"mean_pass_rate": result.mean_pass_rate})
+        for artifact in (result.train_path, result.difficulty_path, result.dropped_path,
+                         result.histogram_path):
+            sink.log_artifact(artifact, "curriculum")
+        return _finish(CurriculumRef(
+            train_path=str(result.train_path), fingerprint=fingerprint(result.train_path),
+            difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
+            samples_path=str(samples), files=files_of(result.train_path, sft_dir, samples),
+            seconds=time.perf_counter() - started, mlflow_run_id=sink.run_id),
+            paths.curriculum_dir)
 
 
 # --- 4. train_policy

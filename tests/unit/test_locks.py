@@ -1,13 +1,14 @@
 """One process at a time where a step reads, changes and writes back: two stewards'
 apply-audit runs are serialised (the second merges against the first's decisions: a conflict,
-never a lost decision), and a second evaluate or gate of the same work dir is refused before
-it clears the directory the first one writes into."""
+never a lost decision), and a second run of a stage in the same work dir is refused before it
+clears or rewrites the directory the first one writes into."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from searchrl.exit_codes import exit_code_of
 from searchrl.locks import BusyError
 from searchrl.paths import StagePaths
 from searchrl.sinks import NullSink
-from searchrl.stages import decide_go_no_go, evaluate_policy
+from searchrl.stages import (
+    build_index,
+    decide_go_no_go,
+    evaluate_policy,
+    filter_curriculum,
+    validate_gold_labels,
+)
 
 # Holds `argv[1]`'s lock for argv[3] seconds (default: until killed), then with argv[2]
 # merges those decisions, still holding it: a steward's apply-audit that is slow to finish.
@@ -81,14 +88,18 @@ def test_two_stewards_applying_audits_at_once_are_serialised_and_nothing_is_lost
     assert overrides.read_text() == before
 
 
-def test_a_second_evaluate_or_gate_in_the_same_work_dir_is_refused_before_clearing_it(
+def test_a_second_run_of_a_stage_in_the_same_work_dir_is_refused_before_touching_it(
         tmp_path: Path) -> None:
     config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path / "work")}})
     paths = StagePaths(config.run.work_dir)
     unused: Any = None  # refused before any input is read
-    for stage_dir, run in ((paths.eval_dir, lambda: evaluate_policy(
-            config, unused, unused, unused, NullSink())), (paths.gate_dir, lambda: decide_go_no_go(
-            config, unused, unused, unused, NullSink()))):
+    stages: list[tuple[Path, Callable[[], object]]] = [
+        (paths.validate_dir, lambda: validate_gold_labels(config, NullSink())),
+        (paths.index_dir, lambda: build_index(config, unused, NullSink())),
+        (paths.curriculum_dir, lambda: filter_curriculum(config, unused, unused, NullSink())),
+        (paths.eval_dir, lambda: evaluate_policy(config, unused, unused, unused, NullSink())),
+        (paths.gate_dir, lambda: decide_go_no_go(config, unused, unused, unused, NullSink()))]
+    for stage_dir, run in stages:
         stage_dir.mkdir(parents=True)
         (stage_dir / "results.json").write_text("the first run's")
         holder = _holder(str(stage_dir))
