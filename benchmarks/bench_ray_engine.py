@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--shard-size", type=int, default=256)
     args = parser.parse_args()
 
+    import numpy as np
     import ray
 
     from searchrl.config import EngineConfig, IndexConfig
@@ -50,7 +51,10 @@ def main() -> None:
     config = IndexConfig(retriever="dense", encoder_device="cpu", encoder_batch_size=64,
                          encoder_shard_size=args.shard_size, encoder_workers=1)
     corpus = texts(args.passages)
-    chunks = lambda: [corpus]  # noqa: E731
+
+    def chunks() -> list[list[str]]:
+        return [corpus]
+
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     print(f"load average before: {os.getloadavg()}")
     started = time.perf_counter()
@@ -77,8 +81,6 @@ def main() -> None:
                     embed_corpus(chunks, EmbeddingCache(out / "cache", config), config,
                                  out / "emb.npy", progress=False, engine=engine)
             walls[name].append(time.perf_counter() - t0)
-            import numpy as np
-
             got = np.load(out / "emb.npy").tobytes()
             reference = reference or got
             assert got == reference, f"{name}: vectors differ from the first run's"
