@@ -27,10 +27,15 @@ Run it: `python flows/pipeline.py --config configs/tiny.yaml [key.sub=value ...]
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+# Prefect waits 20 s for its temporary server by default; on a loaded 2-core machine (a test
+# run beside a build) it took longer, and the run died with a traceback before any stage.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow
 
