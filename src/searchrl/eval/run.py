@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, manifest_path, read_qa, write_jsonl
 from searchrl.data.sources import extra_eval_split
@@ -426,6 +428,24 @@ def audit_train_split(config: PipelineConfig, train_path: str | Path | None, pol
                         systems=(system,), tiers=tier_counts(suspects))
 
 
+def progress_bars() -> Callable[[str, int, int], None]:
+    """A progress callback drawing one bar per system (the demo's evaluation is tens of
+    seconds: six systems on every set)."""
+    bars: dict[str, tqdm[Any]] = {}
+
+    def update(system: str, done: int, total: int) -> None:
+        bar = bars.get(system)
+        if bar is None or bar.total != total or done < bar.n:  # a new set starts
+            if bar is not None:
+                bar.close()
+            bar = bars[system] = tqdm(total=total, desc=f"evaluate {system}", unit="q")
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
 def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: str | Path,
                    policy_dir: str, sft_dir: str | None, out_dir: Path, rs_dir: str | None = None,
                    tracking_uri: str | None = None,
@@ -449,6 +469,7 @@ def evaluate_stage(config: PipelineConfig, *, eval_path: str | Path, index_dir: 
     (out_dir / RESULTS_FILE).unlink(missing_ok=True)
     # A set dropped from the config must not linger among this evaluation's artifacts.
     shutil.rmtree(out_dir / SETS_DIR, ignore_errors=True)
+    progress = progress or progress_bars()
     examples = read_qa(eval_path)
     if config.eval.max_questions is not None:
         examples = examples[: config.eval.max_questions]

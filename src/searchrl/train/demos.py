@@ -41,6 +41,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from tqdm import tqdm
+
 from searchrl.config import SyntheticWorldConfig
 from searchrl.data.synthetic import generate_world
 from searchrl.retrieval.base import Searcher
@@ -263,7 +265,8 @@ def world_demos(world_cfg: SyntheticWorldConfig, seeds: Sequence[int],
     excluded = set(exclude_names)
     demos: list[Demo] = []
     total = DemoStats()
-    for i, seed in enumerate(seeds):
+    # A bar: the demo's cold start builds thousands of demos over several worlds (seconds each).
+    for i, seed in enumerate(tqdm(seeds, desc="cold-start demos", unit="world")):
         world = generate_world(world_cfg.model_copy(update={"seed": seed}))
         by_id = {p.id: p for p in world.passages}
         train = [ex for ex in world.splits["train"]
