@@ -44,6 +44,12 @@ IN_FLIGHT_PER_WORKER = 2
 LIVENESS_POLL_S = 5.0
 
 
+def _lost_worker_errors() -> tuple[type[BaseException], ...]:
+    from ray import exceptions as rex
+
+    return (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.ObjectLostError)
+
+
 class EngineError(RuntimeError):
     """The Ray cluster is unreachable, was lost, or has no worker left (exit code 7)."""
 
@@ -155,18 +161,24 @@ class RayEngine:
             scheduling_strategy="SPREAD")
         threads = max(1, int(config.worker_cpus))
         actors: list[Any] = [remote.remote(threads) for _ in range(count)]
-        try:
-            nodes = ray.get([a.ready.remote() for a in actors],
-                            timeout=config.worker_start_timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
+        ready = {actor.ready.remote(): actor for actor in actors}
+        done, pending = self._call(ray.wait, list(ready), num_returns=len(ready),
+                                   timeout=config.worker_start_timeout_s)
+        if pending:
             for actor in actors:
                 ray.kill(actor)
-            raise EngineError(f"Ray cluster at {self.address}: {count} workers did not start "
-                              f"within engine.worker_start_timeout_s="
-                              f"{config.worker_start_timeout_s}") from exc
-        self._actors = actors
-        self._nodes = dict(zip(actors, nodes, strict=True))
-        return actors
+            raise EngineError(f"Ray cluster at {self.address}: {len(pending)} of {count} "
+                              "workers did not start within engine.worker_start_timeout_s="
+                              f"{config.worker_start_timeout_s}")
+        for ref in done:  # a worker placed on a node that died meanwhile: go on without it
+            try:
+                self._nodes[ready[ref]] = ray.get(ref)
+            except _lost_worker_errors():
+                ray.kill(ready[ref])
+        self._actors = [a for a in actors if a in self._nodes]
+        if not self._actors:
+            raise EngineError(f"Ray cluster at {self.address}: every worker died starting")
+        return self._actors
 
     def worker_nodes(self) -> list[str]:
         """The node id of each live worker."""
@@ -205,8 +217,6 @@ class RayEngine:
         import ray
         from ray import exceptions as rex
 
-        lost_worker = (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError,
-                       rex.ObjectLostError)
         source = enumerate(items)
         retry: deque[tuple[int, T]] = deque()
         flying: dict[Any, tuple[Any, int, T]] = {}
@@ -248,7 +258,7 @@ class RayEngine:
                 actor, index, item = flying.pop(ref)
                 try:
                     done[index] = ray.get(ref)
-                except lost_worker:
+                except _lost_worker_errors():
                     self._drop(actor)
                     if not self._actors:
                         raise EngineError(f"Ray cluster at {self.address}: every worker was "

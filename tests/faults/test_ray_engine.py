@@ -7,6 +7,7 @@ after the cluster stops. Slow (a cluster start costs ~10 s); CI runs it (.ci/run
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,8 @@ def test_a_node_killed_mid_stage_its_shards_rerun_on_the_nodes_left(
         assert doomed.node_id not in engine.worker_nodes()
         assert len(engine.worker_nodes()) == 2  # the killed node's worker was dropped
     assert bar.count == N
+    while any(n["NodeID"] == doomed.node_id and n["Alive"] for n in ray.nodes()):
+        time.sleep(0.5)  # the next test's workers must not be placed on it
     assemble(cache, hashes, tmp_path / "emb.npy")
     assert np.load(tmp_path / "emb.npy").tobytes() == local_vectors
 
