@@ -405,7 +405,7 @@ def fetch_champion_start(config: PipelineConfig, out_dir: Path, tracking_uri: st
     (before any rank starts) and record where in `champion_start.json`; None for init=base."""
     import shutil
 
-    from searchrl.tracking import download_registered_policy, resolve_tracking_uri
+    from searchrl.tracking import download_policy_version, registered_policy, resolve_tracking_uri
 
     pointer = out_dir / f"{CHAMPION_START}.json"
     pointer.unlink(missing_ok=True)
@@ -414,12 +414,14 @@ def fetch_champion_start(config: PipelineConfig, out_dir: Path, tracking_uri: st
     uri = tracking_uri or resolve_tracking_uri(config.tracking.tracking_uri)
     name, alias = config.registry_model_name, config.eval.champion_alias
     shutil.rmtree(out_dir / CHAMPION_START, ignore_errors=True)
-    got = download_registered_policy(uri, name, alias, out_dir / CHAMPION_START)
-    if got is None:
+    # One lookup: the version recorded is the one downloaded, even if the alias moves.
+    found = registered_policy(uri, name, alias)
+    if found is None:
         raise StageInputError(
             f"train.init=champion but {uri} has no {name}@{alias}: register a champion first "
             "(a GO of the gate stage), or set train.init=base")
-    version = _registered_champion(config).rsplit(":", 1)[-1]
+    got = download_policy_version(uri, name, found, out_dir / CHAMPION_START)
+    version = found["version"]
     # The start's identity for resuming checkpoints (train/checkpoint.py run_identity).
     atomic_write_text(got / SFT_KEY_FILE, json.dumps({"champion": name, "version": version}))
     atomic_write_text(pointer, json.dumps({"dir": str(got), "model": name, "version": version}))

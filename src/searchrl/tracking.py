@@ -464,8 +464,13 @@ def download_registered_policy(uri: str, name: str, alias: str, dst: Path) -> Pa
     """Download the policy `alias` points at into `dst` and return a save_pretrained
     directory of it (model + tokenizer); None when there is no such version."""
     found = registered_policy(uri, name, alias)
-    if found is None:
-        return None
+    return None if found is None else download_policy_version(uri, name, found, dst)
+
+
+def download_policy_version(uri: str, name: str, found: Mapping[str, str], dst: Path) -> Path:
+    """Download the version `found` (a `registered_policy` record) into `dst`; returns the
+    save_pretrained directory of it. From the record itself, not a second lookup: an alias
+    moved meanwhile never swaps the weights under the version recorded beside them."""
     _refuse_unreadable(name, found["version"],
                        _version_tags(MlflowClient(tracking_uri=uri), name, found["version"]) or {})
     # Into a fresh directory, published whole at `dst`: an earlier champion's files (another

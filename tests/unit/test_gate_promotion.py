@@ -170,6 +170,40 @@ def test_train_init_champion_downloads_it_and_keys_the_stage_on_its_version(
     assert champion_start(_config(tmp_path, uri), out) is None
 
 
+def test_train_init_champion_records_the_version_it_downloaded_when_the_alias_moves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The champion is looked up once: promoting another version while its weights download
+    does not record that other version beside them (the start's identity for resuming)."""
+    import mlflow.artifacts
+    from torch import equal as torch_equal
+
+    from searchrl.tracking import promote, register_policy
+
+    uri = fresh_mlflow_uri(tmp_path)
+    config = _config(tmp_path, uri, init="champion")
+    name = config.registry_model_name
+    first = save_tiny_policy(["who is the mayor of paris"], tmp_path / "first")
+    second = trained_variant(first, tmp_path / "second", 0.5)
+    for policy, alias in ((first, "champion"), (second, CHALLENGER)):  # versions 1 and 2
+        register_policy(uri, start_parent_run(uri, "exp", "gate", {}).run_id, policy, name,
+                        alias)
+    download = mlflow.artifacts.download_artifacts
+
+    def promoted_meanwhile(*args: object, **kwargs: object) -> str:
+        promote(uri, name, "2")
+        return download(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", promoted_meanwhile)
+    got = fetch_champion_start(config, tmp_path / "train", uri)
+    assert got is not None and (registered_policy(uri, name, "champion") or {}) \
+        .get("version") == "2"
+    assert json.loads((got / "searchrl_sft.json").read_text())["version"] == "1"
+    downloaded = load_file(got / "model.safetensors")
+    for source, same in ((first, True), (second, False)):
+        weights = load_file(source / "model.safetensors")
+        assert all(torch_equal(weights[k], downloaded[k]) for k in weights) is same
+
+
 def _report_notes(tmp: Path) -> str:
     decision = json.loads((tmp / "work" / "decide_go_no_go" / "decision.json").read_text())
     md = (tmp / "work" / "decide_go_no_go" / "report.md").read_text()

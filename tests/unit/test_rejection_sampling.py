@@ -180,6 +180,39 @@ def test_questions_the_estimate_did_not_cover_are_sampled(
     assert m["rs_questions_with_a_correct_sample"] == 3
 
 
+def test_the_policy_is_loaded_once_and_the_sampled_model_is_the_one_fine_tuned(
+        tmp_path: Path, start: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[Any] = []
+    sampled_with: list[Any] = []
+    trained: list[Any] = []
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        loaded.append(load_policy(*args, **kwargs))
+        return loaded[-1]
+
+    def generator(config: Any, **kwargs: Any) -> Any:
+        sampled_with.append(kwargs.get("model"))
+        return None
+
+    def rollouts(examples: Sequence[QAExample], *args: Any, group_size: int,
+                 **kwargs: Any) -> RolloutBatch:
+        return RolloutBatch(records=[_record(ex.id, g) for ex in examples
+                                     for g in range(group_size)], stats={})
+
+    def sft(model: Any, *args: Any, **kwargs: Any) -> Any:
+        trained.append(model)
+        return run_sft(model, *args, **kwargs)
+
+    run_sft = rejection.run_sft
+    monkeypatch.setattr(rejection, "load_policy", load)
+    monkeypatch.setattr(rejection, "make_generator", generator)
+    monkeypatch.setattr(rejection, "run_rollouts", rollouts)
+    monkeypatch.setattr(rejection, "run_sft", sft)
+    build_rejection_sampling(_config(tmp_path), _questions(2), start, None,  # type: ignore[arg-type]
+                             tmp_path / "rs", progress=False)
+    assert len(loaded) == 1 and sampled_with == trained == [loaded[0][0]]
+
+
 def test_plan_systems_evaluates_the_rs_policy_when_training_recorded_one() -> None:
     cfg = PipelineConfig()
     specs, notes = plan_systems(("sft", "rejection_sampling"), policy_dir="P", sft_dir="S",

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig, inputs_of
 from searchrl.data.io import (
@@ -217,13 +219,16 @@ def _build(config: PipelineConfig, questions: Sequence[QAExample], sft_dir: Path
         assert reuse is not None
         records += [r for r in reuse[1][q.id] if r.sample_index < k]
     fresh = [q for q in chosen if q.id not in covered_ids]
+    # Loaded once: the hf backend samples with this model, which is then fine-tuned.
+    model, tokenizer = load_policy(sft_dir, config.model.dtype)
     if fresh:
-        generator = make_generator(config, policy_dir=sft_dir)
+        model.train(False)
+        generator = make_generator(config, policy_dir=sft_dir, model=model, tokenizer=tokenizer)
         records += run_rollouts(fresh, generator, searcher, config.rollout, config.reward,
                                 group_size=k, seed=config.run.seed).records
+        model.to(torch.device("cpu"))  # type: ignore[arg-type]  # SFT trains on the CPU
     correct = [r for r in records if usable(r)]
     kept = select_samples(records)
-    model, tokenizer = load_policy(sft_dir, config.model.dtype)
     # The cold start's SFT settings (batch, micro-batch, clipping), RS's epochs and rate; the
     # loss on the policy's tokens only: no language modelling of prompts and passages.
     sft_cfg = config.train.sft.model_copy(
