@@ -38,6 +38,7 @@ from typing import Any
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow
+from prefect.settings import get_current_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script or a deployment
@@ -103,7 +104,8 @@ def pipeline(config_path: str = "configs/tiny.yaml",
         end_run(uri, parent.run_id, "FAILED")
         raise
     end_run(uri, parent.run_id, "FINISHED")
-    prune_after_run(config, uri)  # retention: keeps what a rollback or the next run needs
+    # retention: keeps what a rollback or the next run needs
+    prune_after_run(config, uri, Path(get_current_settings().results.local_storage_path))
     print(f"decision: {decision.label}" + "".join(f"\n  - {r}" for r in decision.reasons))
     return {"parent_run_id": parent.run_id, "tracking_uri": uri, "dataset": dataset,
             "index": index, "curriculum": curriculum, "checkpoint": checkpoint,

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """N weeks of the weekly loop on CPU, end to end, and the figures that show them
-(searchrl/weekly/: the world's changes, one week through the real flow, retention).
+(searchrl/weekly/: the world's changes and retention; flows/weekly/: one week through the
+real flow).
 
 --weeks 2 without --fault is the two-week run of docs/results/two_weeks.md: prefect.yaml's
 `searchrl-tiny-local` deployment through a process worker, twice, around a steward's step and
@@ -24,11 +25,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # tasks/ (the artifact key), as flows/pipeline.py does
+if str(ROOT) not in sys.path:  # flows/ and tasks/, as flows/pipeline.py does
     sys.path.insert(0, str(ROOT))
 
+from flows.weekly import simulate  # noqa: E402
 from searchrl.train.ds import free_port  # noqa: E402
-from searchrl.weekly import report, simulate  # noqa: E402
+from searchrl.weekly import report  # noqa: E402
 
 
 def _fault(text: str) -> tuple[int, str]:

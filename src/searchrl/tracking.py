@@ -494,3 +494,52 @@ def download_policy_version(uri: str, name: str, found: Mapping[str, str], dst: 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dst / inside
+
+
+# --- retention's view of the store (searchrl/weekly/retention.py decides what goes)
+
+
+def registry_versions(uri: str, name: str
+                      ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """Every registered version of `name`, newest first (version, run_id, source, tags), and
+    the aliases on each version; both empty where `name` is not registered."""
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        found = list(client.search_model_versions(f"name = '{name}'"))
+    except mlflow.exceptions.MlflowException:
+        found = []
+    aliases: dict[str, list[str]] = {}
+    try:
+        for alias, version in client.get_registered_model(name).aliases.items():
+            aliases.setdefault(str(version), []).append(alias)
+    except mlflow.exceptions.MlflowException:
+        pass
+    versions = [{"version": str(mv.version), "run_id": mv.run_id, "source": str(mv.source),
+                 "tags": dict(mv.tags)}
+                for mv in sorted(found, key=lambda v: int(v.version), reverse=True)]
+    return versions, aliases
+
+
+def experiment_runs(uri: str, experiment: str) -> list[dict[str, Any]]:
+    """Every run of `experiment`, newest first: id, status, start time (ms), parent run id
+    (None for a parent) and artifact URI."""
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    found = client.search_runs([exp.experiment_id], max_results=50_000,
+                               order_by=["attributes.start_time DESC"])
+    return [{"run_id": r.info.run_id, "status": r.info.status,
+             "start_time": r.info.start_time, "parent": r.data.tags.get(PARENT_TAG),
+             "artifacts": r.info.artifact_uri} for r in found]
+
+
+def delete_versions_and_runs(uri: str, versions: list[tuple[str, str]],
+                             run_ids: list[str]) -> None:
+    """Delete registered versions (name, version) and mark runs deleted (purged later by
+    `mlflow gc`, retention's `_gc_runs`)."""
+    client = MlflowClient(tracking_uri=uri)
+    for name, version in versions:
+        client.delete_model_version(name, version)
+    for run_id in run_ids:
+        client.delete_run(run_id)

@@ -37,6 +37,7 @@ from searchrl.config.index import IndexConfig
 from searchrl.config.loading import apply_overrides, load_config
 from searchrl.config.model import ModelConfig, TinyModelConfig
 from searchrl.config.pipeline import PipelineConfig
+from searchrl.config.retention import RetentionConfig
 from searchrl.config.reward import RewardConfig
 from searchrl.config.rollout import RolloutConfig
 from searchrl.config.run import RunConfig, TrackingConfig
@@ -53,10 +54,10 @@ from searchrl.config.validate import GoldCheck, ValidateConfig
 __all__ = [
     "BUILT_BY", "IMPERFECT_KINDS", "OPERATIONAL", "POLICY", "RESERVED_SET_NAMES", "RESULTS",
     "SEARCH", "STAGE_NAMES", "Bound", "ConfigError", "CurriculumConfig", "DataConfig",
-    "EvalConfig", "FrontierConfig", "GateConfig", "GoldCheck", "ImperfectKind", "IndexConfig",
-    "LaunchConfig", "ModelConfig", "PipelineConfig", "RejectionSamplingConfig", "RewardConfig",
-    "RolloutConfig", "RunConfig", "SFTConfig", "Section", "Shapes", "SyntheticWorldConfig",
-    "TinyModelConfig", "TrackingConfig", "TrainConfig", "ValidateConfig", "apply_overrides",
-    "check_bounds", "check_set_names", "field_shapes", "inputs_of", "load_config", "shapes",
-    "union_of",
+    "EngineConfig", "EvalConfig", "FrontierConfig", "GateConfig", "GoldCheck", "ImperfectKind",
+    "IndexConfig", "LaunchConfig", "ModelConfig", "PipelineConfig", "RejectionSamplingConfig",
+    "RetentionConfig", "RewardConfig", "RolloutConfig", "RunConfig", "SFTConfig", "Section",
+    "Shapes", "SyntheticWorldConfig", "TinyModelConfig", "TrackingConfig", "TrainConfig",
+    "ValidateConfig", "apply_overrides", "check_bounds", "check_set_names", "field_shapes",
+    "inputs_of", "load_config", "shapes", "union_of",
 ]

@@ -16,8 +16,8 @@ from searchrl.config.eval import EvalConfig
 from searchrl.config.gate import GateConfig
 from searchrl.config.index import IndexConfig
 from searchrl.config.model import ModelConfig
-from searchrl.config.reward import RewardConfig
 from searchrl.config.retention import RetentionConfig
+from searchrl.config.reward import RewardConfig
 from searchrl.config.rollout import RolloutConfig
 from searchrl.config.run import RunConfig, TrackingConfig
 from searchrl.config.train import TrainConfig

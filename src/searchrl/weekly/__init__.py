@@ -1,4 +1,4 @@
-"""The weekly loop as library functions: what a week changes in the world (`world`), one week
-run through the real flow and what it left (`week`), N weeks with faults and figures
-(`simulate`), and what is kept from week to week (`retention`). scripts/weeks.py is the thin
-command line on top."""
+"""The weekly loop's library parts: what a week changes in the world (`world`), what is kept
+from week to week (`retention`), the figures (`report`). One week run through the real flow and
+N weeks with faults (flows/weekly/) sit above the library, beside the flows they drive;
+scripts/weeks.py is the thin command line on top."""

@@ -162,59 +162,38 @@ def _mlflow_plan(config: PipelineConfig, uri: str, plan: PrunePlan
                  ) -> list[dict[str, object]]:
     """Add the registry's and the experiment's deletions to `plan`; return the runs (for the
     in-flight check)."""
-    import mlflow
-    from mlflow import MlflowClient
+    from searchrl.tracking import experiment_runs, registry_versions
 
-    from searchrl.tracking import PARENT_TAG
-
-    client = MlflowClient(tracking_uri=uri)
     pinned = {p.removeprefix("v") for p in config.retention.pinned}
     protected_runs: dict[str, str] = {}  # run id -> why
     name = config.registry_model_name
-    try:
-        versions = list(client.search_model_versions(f"name = '{name}'"))
-    except mlflow.exceptions.MlflowException:
-        versions = []
-    aliases: dict[str, list[str]] = {}
-    try:
-        for alias, version in client.get_registered_model(name).aliases.items():
-            aliases.setdefault(str(version), []).append(alias)
-    except mlflow.exceptions.MlflowException:
-        pass
-    newest = sorted(versions, key=lambda v: int(v.version), reverse=True)
-    recent = {str(v.version) for v in newest[:config.retention.keep_challengers]}
+    newest, aliases = registry_versions(uri, name)
+    recent = {v["version"] for v in newest[:config.retention.keep_challengers]}
     kept_sources: list[str] = []  # a kept version's artifact is never deleted with another
     dropped = []
     for mv in newest:
-        version = str(mv.version)
+        version = mv["version"]
         why = ([f"alias {a}" for a in sorted(aliases.get(version, []))]
                + (["pinned"] if version in pinned
-                  or str(mv.tags.get(PINNED_TAG, "")).lower() == "true" else [])
+                  or str(mv["tags"].get(PINNED_TAG, "")).lower() == "true" else [])
                + ([f"one of the newest {config.retention.keep_challengers}"]
                   if version in recent else []))
         if why:
             plan.kept.append(f"model version {name} v{version} ({', '.join(why)})")
-            if mv.run_id:
-                protected_runs[str(mv.run_id)] = f"holds {name} v{version}"
-            kept_sources.append(str(mv.source).rstrip("/"))
+            if mv["run_id"]:
+                protected_runs[str(mv["run_id"])] = f"holds {name} v{version}"
+            kept_sources.append(mv["source"].rstrip("/"))
             continue
         dropped.append(mv)
     for mv in dropped:
-        source = local_path(str(mv.source))
-        shared = any(str(mv.source).rstrip("/") == k for k in kept_sources)
+        source = local_path(mv["source"])
+        shared = any(mv["source"].rstrip("/") == k for k in kept_sources)
         gone = source if source is not None and source.exists() and not shared else None
         plan.deletions.append(Deletion(
-            "model version", f"{name} v{mv.version}", disk_bytes(gone) if gone else 0,
+            "model version", f"{name} v{mv['version']}", disk_bytes(gone) if gone else 0,
             "no alias, not pinned, older than the newest "
             f"{config.retention.keep_challengers}", (str(gone),) if gone else ()))
-    experiment = client.get_experiment_by_name(config.tracking.experiment)
-    if experiment is None:
-        return []
-    found = client.search_runs([experiment.experiment_id], max_results=50_000,
-                               order_by=["attributes.start_time DESC"])
-    runs = [{"run_id": r.info.run_id, "status": r.info.status,
-             "start_time": r.info.start_time, "parent": r.data.tags.get(PARENT_TAG),
-             "artifacts": r.info.artifact_uri} for r in found]
+    runs = experiment_runs(uri, config.tracking.experiment)
     by_parent: dict[str, list[dict[str, object]]] = {}
     for run in runs:
         if run["parent"]:
@@ -294,10 +273,16 @@ def _expired_results(storage: Path | None) -> list[Deletion]:
 
 
 def prefect_result_storage() -> Path:
-    """Where Prefect keeps result records here ($PREFECT_LOCAL_STORAGE_PATH or its default)."""
-    from prefect.settings import get_current_settings
+    """Where Prefect keeps result records here (its settings: env, profile or default). Asked of
+    Prefect in a child process: the library never imports prefect (docs/DESIGN.md)."""
+    import subprocess
+    import sys
 
-    return Path(get_current_settings().results.local_storage_path)
+    done = subprocess.run(
+        [sys.executable, "-c", "from prefect.settings import get_current_settings; "
+         "print(get_current_settings().results.local_storage_path)"],
+        capture_output=True, text=True, timeout=120, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 # --- plan, apply
@@ -334,14 +319,10 @@ def apply_prune(plan: PrunePlan, uri: str | None) -> None:
     run_ids = [d.target for d in plan.deletions if d.kind == "mlflow run"]
     versions = [d for d in plan.deletions if d.kind == "model version"]
     if uri and (run_ids or versions):
-        from mlflow import MlflowClient
+        from searchrl.tracking import delete_versions_and_runs
 
-        client = MlflowClient(tracking_uri=uri)
-        for d in versions:
-            name, _, version = d.target.rpartition(" v")
-            client.delete_model_version(name, version)
-        for run_id in run_ids:
-            client.delete_run(run_id)
+        delete_versions_and_runs(uri, [(name, version) for name, _, version in
+                                       (d.target.rpartition(" v") for d in versions)], run_ids)
         _gc_runs(uri, run_ids)
     for d in plan.deletions:
         _remove(d.paths)
@@ -373,13 +354,14 @@ def prune(config: PipelineConfig, uri: str | None, *, dry_run: bool = False,
         return plan
 
 
-def prune_after_run(config: PipelineConfig, uri: str) -> PrunePlan | None:
+def prune_after_run(config: PipelineConfig, uri: str, prefect_storage: Path | None
+                    ) -> PrunePlan | None:
     """The flow's retention step, after its decision: prune, print what went; a failure is
     logged, never the run's (its decision and artifacts already stand)."""
     if not config.retention.enabled:
         return None
     try:
-        plan = prune(config, uri, prefect_storage=prefect_result_storage())
+        plan = prune(config, uri, prefect_storage=prefect_storage)
     except Exception as exc:  # housekeeping: the week's result is already recorded
         log.warning("retention failed (the run's results stand; run `python -m searchrl "
                     "prune --dry-run` to see what it would delete): %s", exc)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from searchrl.weekly import week as wk
+from flows.weekly import week as wk
 from searchrl.weekly import world as wd
 
 FAULTS = ("retriever_down", "malformed_gold", "killed_mid_training", "no_change")

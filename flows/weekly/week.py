@@ -34,7 +34,7 @@ from typing import Any
 from searchrl.weekly.retention import disk_bytes
 from searchrl.weekly.world import read_rows
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/tiny.yaml"
 RUN_LINE = re.compile(r"^run (\S+) (\S+) start=(\S+) end=(\S+) waited_for_slot=[01]$", re.M)
 
@@ -338,7 +338,6 @@ def prefect_records(flow_runs: dict[str, str], run_name: str, since: Any) -> dic
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
 
-    sys.path.insert(0, str(ROOT))  # tasks/ (the artifact key)
     from tasks.events import artifact_key
 
     key = artifact_key(run_name)
