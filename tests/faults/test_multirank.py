@@ -69,6 +69,7 @@ def init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_init_policy(tmp_path_factory.mktemp("init") / "policy")
 
 
+@pytest.mark.slow  # three two-rank launches (~45 s): CI's slow run
 def test_two_ranks_shard_questions_stay_in_sync_and_resume_exactly(
         tmp_path: Path, init_dir: Path) -> None:
     full = _launch(init_dir, tmp_path / "full", tmp_path / "full.trace")
@@ -104,7 +105,7 @@ def test_two_ranks_shard_questions_stay_in_sync_and_resume_exactly(
 
 @pytest.mark.parametrize("driver", [
     pytest.param(MINIBATCH_DRIVER, id="mini_batches", marks=pytest.mark.slow),
-    pytest.param(PTX_DRIVER, id="ppo_ptx")])
+    pytest.param(PTX_DRIVER, id="ppo_ptx", marks=pytest.mark.slow)])
 def test_two_ranks_with_several_optimizer_steps_per_batch_stay_in_sync_and_resume_exactly(
         tmp_path: Path, init_dir: Path, driver: Path) -> None:
     """2 mini-batches x 2 epochs: 4 optimizer steps per rollout batch on both ranks, though

@@ -175,7 +175,9 @@ def test_kill_mid_step_then_resume_equals_uninterrupted(
 # --- 2. kill -9 during a checkpoint write
 
 
-@pytest.mark.parametrize("moment", ["data", "manifest"])
+@pytest.mark.parametrize("moment", [
+    pytest.param("data", marks=pytest.mark.slow),  # ~17 s; the manifest case runs by default
+    "manifest"])
 def test_kill_during_checkpoint_write_keeps_the_previous_one(
         tmp_path: Path, init_dir: Path, baseline: tuple[dict[str, Any], Path],
         moment: str) -> None:

@@ -82,6 +82,7 @@ def test_editing_a_library_module_reruns_the_stages_that_reach_it(
     assert _stages_run(rerun) == STAGES - {"validate_gold_labels", "build_index"}
 
 
+@pytest.mark.slow  # two more pipeline runs (~30 s): CI's slow run
 def test_cached_results_whose_files_are_gone_rerun(first_run: dict[str, Any],
                                                    workspace: list[str]) -> None:
     # `make clean`: the work dir goes; the result store still holds the old references.
@@ -95,6 +96,7 @@ def test_cached_results_whose_files_are_gone_rerun(first_run: dict[str, Any],
     assert _stages_run(third) == set()
 
 
+@pytest.mark.slow  # a whole second pipeline run (~2 min): CI's slow run
 def test_a_second_checkout_runs_its_own_stages(
         prefect_harness: None, first_run: dict[str, Any], workspace: list[str],
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_root: Path) -> None:

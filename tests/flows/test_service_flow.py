@@ -27,6 +27,9 @@ from searchrl.tracking import child_runs
 from tests.flows.test_pipeline_flow import FAST, STAGES
 from tests.helpers import free_port
 
+# Twice the pipeline at the demo's search settings (~2.5 min on 2 cores): CI's slow run.
+pytestmark = pytest.mark.slow
+
 # FAST without its smaller world: only the model-side work stays shrunk. With the demo's
 # world, the cold start's 8 extra worlds (BM25 each) and its language modelling on every
 # passage cost ~3 minutes per pipeline on 2 cores; neither searches the served index.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlflow
 import psutil
+import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.flows.test_pipeline_flow import FAST
@@ -31,6 +32,7 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: fl
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # a flow subprocess with its own Prefect server (~40 s): CI's slow run
 def test_sigterm_stops_prefects_temporary_server_and_fails_the_run(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect")  # no API configured: a temporary server
