@@ -13,6 +13,11 @@ reference is reused only while those files exist unchanged (`ref_is_current`).
 overrides, the registry's champion) its result depends on; the config values it depends on
 are declared per field in `searchrl.config` (`config.inputs_of(stage)`); the cache key
 (tasks/_common.py) adds the code the stage reaches (`searchrl.codehash`).
+
+Over 400 lines because the six stage functions share one contract (the stage dir's lock, `ref.json`
+removed first and written last, the files a reference vouches for, the inputs in `STAGES`) and
+are read against it side by side; each stage's work lives in its own package (contracts/,
+retrieval/, curriculum/, train/, eval/, gate/), only its wiring is here.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 against one explicit run through `MlflowClient` (no global "active run", so Prefect task
 threads and the trainer ranks cannot log into the wrong run).
 One parent run per pipeline run, one child run per stage, the parent run id passed explicitly.
+
+Over 400 lines because it is the one module that imports mlflow: runs, the registry, rollback and
+retention's view of the store all go through it.
 """
 
 from __future__ import annotations

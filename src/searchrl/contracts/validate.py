@@ -24,6 +24,8 @@ Order of work (each step's output feeds the next; nothing downstream sees an unc
    = input; fail with `QuarantineThresholdError` when the quarantined share passes
    `validate.max_quarantine_fraction` (the report is written first, so the steward can act);
 7. write the clean splits as `<split>.jsonl` with manifests (only on success).
+
+Over 400 lines because the seven steps above are one ordered pass, each feeding the next.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ atomically with a manifest (row count + sha256 of content) that serves as their 
 Accepted layouts (Search-R1 / FlashRAG): QA rows with `question` and `golden_answers`
 (or `answer`/`answers`), passages with `id` and `contents` (or `text`, optionally
 `"title"\\ntext` as FlashRAG's wiki dumps store it).
+
+Over 400 lines because it is the one reader and writer of data files (raw rows and their errors,
+the gold-answer rule, normalisation, atomic writes, manifests, directory publishing): one way to
+read and write each.
 """
 
 from __future__ import annotations

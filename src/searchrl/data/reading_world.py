@@ -25,6 +25,9 @@ Splits are made by anchor entity (a person, an organisation, a city, a country; 
 comparison's; a founder follows their organisation): the facts a held-out question starts
 from appear in no train question. Answers can repeat across splits (a city is many people's
 birth city), which is why the answer-novel slice is measured on its own.
+
+Over 400 lines because entities, slices, phrasings and splits are drawn together from one seed;
+the card (`SLICE_CARD`) and the split rule must agree with what is generated.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ into the same `eval.batch_size` chunks as here and the chunks run on the engine'
 each holding one policy and one searcher (loaded from the corpus index every node sees), so
 every question gets the rollout it gets locally (tests/faults/test_ray_engine.py). Systems
 still run one after another; the scripted system and an endpoint (the frontier) run here.
+
+Over 400 lines because every system and eval set, the audit and `results.json` share the
+written-last contract above and the same chunks (local or on the engine).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ numbers as Markdown. Pure: inputs in, strings out; the caller writes and logs th
 
 Plots are drawn with `matplotlib.figure.Figure` directly (no pyplot, no global backend state),
 so rendering is safe in Prefect worker threads.
+
+Over 400 lines because it is the one renderer of the report: every table and plot, the Markdown
+and the HTML drawn from the same rows.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ config -> the gate decision and its report files. Never raises on bad numbers: a
 or non-finite reaches the gate as None/NaN and fails closed there, named in the report.
 
 Writes under `out_dir`: report.html, report.md, decision.json (atomically; decision.json last).
+
+Over 400 lines because every figure the decision rests on is derived here, beside the gate that
+reads it (comparator, champion, script, provenance, slices, stage costs, charged hours); the
+cost model and the conditions are gate/payback.py (pure), the rendering gate/render.py.
 """
 
 from __future__ import annotations

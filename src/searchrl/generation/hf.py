@@ -20,6 +20,9 @@ whole context every turn. Tests and the benchmark compare the two (greedy output
 Both hold a reference to the live model, so weights the trainer updates are used by the next
 call (call `release()` after an update if a batch is in flight: cached keys/values were made
 with the old weights).
+
+Over 400 lines because the cache layout above is one invariant kept across prefill, fan-out and
+narrowing; the full-context reference sits beside it for the tests that compare the two.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ The passages and BM25 components are built from the corpus streamed in chunks
 (`CORPUS_CHUNK` passages), and a loaded index reads passages by offset and BM25 scores from
 memory-mapped arrays, so neither building nor serving holds a wiki-scale corpus in memory
 (figures: docs/results/corpus_scale.md).
+
+Over 400 lines because each component's build, reuse (its manifest key) and load share the layout
+above and are read against it.
 """
 
 from __future__ import annotations

@@ -42,6 +42,9 @@ tokenising, hit objects) under the GIL, so threads add little there
 it, and keep a large batch from holding up everyone else.
 
     python -m searchrl.retrieval.server --index-dir runs/tiny/build_index --config configs/tiny.yaml
+
+Over 400 lines because the request path (auth, size, rate, limits, admission, search, timeout)
+is one order, checked cheapest first, read top to bottom.
 """
 
 from __future__ import annotations

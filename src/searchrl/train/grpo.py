@@ -51,6 +51,9 @@ The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
 
 Entry points: `train_policy_run` (cold start + GRPO; `python -m searchrl train` and the flow
 call it) and `train_grpo` (GRPO from a given start policy).
+
+Over 400 lines because the loop and its steps read top down here; what they call lives beside it
+(above).
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ line (and its log), so secrets (the retriever token, `*_TOKEN`/`*_PASSWORD`/`*_S
 go instead into a 0600 file on the shared filesystem whose path the ranks get
 (`SECRETS_ENV`) and read at startup; both files are removed when the launcher ends. A
 retrieval service on a loopback address is refused there.
+
+Over 400 lines because process lifetime (the group, the guards, signals, the log relay, the
+secrets file) is one mechanism whose parts make sense only together.
 """
 
 from __future__ import annotations
