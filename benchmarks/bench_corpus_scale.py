@@ -8,7 +8,7 @@ Figures and commands: docs/results/corpus_scale.md.
     .venv/bin/python benchmarks/bench_corpus_scale.py make --sizes 100000 300000 1000000
     # one stage of one size with one tree's code (what the table's rows are)
     .venv/bin/python benchmarks/bench_corpus_scale.py run --size 1000000 --stage validate
-        [--src /tmp/old/src --label old]
+        [--src /tmp/old/src --label old] [engine.local_workers=0 ...]
     # every size x stage x code, old and new interleaved, one job at a time; then the table
     .venv/bin/python benchmarks/bench_corpus_scale.py all --old-src /tmp/old/src
     .venv/bin/python benchmarks/bench_corpus_scale.py table
@@ -27,6 +27,7 @@ questions about the first copy's passages, answers from their titles (all answer
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -131,8 +132,29 @@ def _parse_time(text: str) -> dict[str, float]:
     return out
 
 
-def run_stage(size: int, stage: str, src: Path, label: str) -> dict[str, Any]:
-    """One CLI stage under /usr/bin/time -v; its figures appended to results.jsonl."""
+def _peak_tree_rss(proc: subprocess.Popen[bytes]) -> int:
+    """The largest sum of resident bytes over the process and its descendants (the stage
+    and its worker processes; `time -v` reports the largest single process), sampled every
+    0.1 s until it exits."""
+    import psutil
+
+    peak = 0
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        total = 0
+        with contextlib.suppress(psutil.Error):
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += p.memory_info().rss
+        peak = max(peak, total)
+        time.sleep(0.1)
+    return peak
+
+
+def run_stage(size: int, stage: str, src: Path, label: str,
+              overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One CLI stage under /usr/bin/time -v (`overrides`: key.sub=value, e.g.
+    engine.local_workers=0); its figures appended to results.jsonl."""
     config = make_config(size, label)
     if stage == "validate":  # a fresh stage: nothing to reuse
         subprocess.run(["rm", "-rf", str(size_dir(size) / f"run-{label}")], check=True)
@@ -144,11 +166,14 @@ def run_stage(size: int, stage: str, src: Path, label: str) -> dict[str, Any]:
     load = os.getloadavg()[0]
     started = time.time()
     with log.open("w") as fh:
-        proc = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "searchrl", stage,
-                               "--config", str(config)], env=env, stdout=fh,
-                              stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(["/usr/bin/time", "-v", sys.executable, "-m", "searchrl", stage,
+                                 "--config", str(config), *overrides], env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, cwd=REPO)
+        tree_rss = _peak_tree_rss(proc)
     figures = _parse_time(log.read_text(errors="replace"))
+    figures["tree_rss_kb"] = tree_rss / 1024
     record = {"size": size, "stage": stage, "label": label, "src": str(src),
+              "overrides": list(overrides),
               "rc": proc.returncode, "load_before": round(load, 2),
               "load_after": round(os.getloadavg()[0], 2), "started": started,
               "corpus_bytes": (size_dir(size) / "corpus.jsonl").stat().st_size, **figures}
@@ -159,7 +184,7 @@ def run_stage(size: int, stage: str, src: Path, label: str) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    run_stage(args.size, args.stage, args.src, args.label)
+    run_stage(args.size, args.stage, args.src, args.label, tuple(args.overrides))
 
 
 def cmd_all(args: argparse.Namespace) -> None:
@@ -212,13 +237,15 @@ def cmd_table(args: argparse.Namespace) -> None:
         rows.append({"size": size, "stage": stage, "label": label, "runs": len(rs),
                      "wall_s": _median([r["wall_s"] for r in rs]),
                      "rss_gb": _median([r["max_rss_kb"] for r in rs]) / 1e6,
+                     "tree_gb": _median([r.get("tree_rss_kb", math.nan) for r in rs]) / 1e6,
                      "load": _median([r["load_before"] for r in rs]),
                      "mb": rs[0]["corpus_bytes"] / 1e6})
-    print("| passages (JSONL) | stage | code | runs | wall s | peak RSS GB | load |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| passages (JSONL) | stage | code | runs | wall s | peak RSS GB "
+          "| with workers GB | load |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['size']:,} ({r['mb']:.0f} MB) | {r['stage']} | {r['label']} | {r['runs']} "
-              f"| {r['wall_s']:.1f} | {r['rss_gb']:.2f} | {r['load']:.1f} |")
+              f"| {r['wall_s']:.1f} | {r['rss_gb']:.2f} | {r['tree_gb']:.2f} | {r['load']:.1f} |")
     print()
     # Growth: the exponent of a power-law fit (below 1 where a fixed cost weighs at 100k);
     # the projection: the linear fit (fixed + per passage), what a streamed pass costs.
@@ -250,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", choices=STAGES, required=True)
     p.add_argument("--src", type=Path, default=REPO / "src")
     p.add_argument("--label", default="new")
+    p.add_argument("overrides", nargs="*", help="key.sub=value, e.g. engine.local_workers=2")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("all")
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])

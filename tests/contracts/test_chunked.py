@@ -6,6 +6,7 @@ answer scan, and the streamed copy (byte for byte what `write_jsonl` writes)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from searchrl.contracts.answerability import find_answers, find_answers_exhausti
 from searchrl.contracts.suites import ContractError, SuiteRunner, rows_values
 from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import DataError, passage_line, read_raw_qa_rows, write_jsonl
+from searchrl.data.sources import materialise_sources
 from searchrl.text import normalize_answer
 from searchrl.types import Passage
 from tests.contracts.conftest import DEFECTS, ROOT, make_defects_config
@@ -81,6 +83,25 @@ def _validate(config: PipelineConfig, out: Path, chunk: int,
     return audit["flags"], audit["counts"], audit["suites"], copy
 
 
+def _with_workers(config: PipelineConfig, workers: int) -> PipelineConfig:
+    """`workers` check processes, whatever the corpus's size (0: none)."""
+    return config.model_copy(update={"engine": config.engine.model_copy(
+        update={"local_workers": workers, "local_workers_min_corpus_mb": 0.0})})
+
+
+def _checked_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the chunks this process checks itself (a spawned worker imports its own)."""
+    calls: list[int] = []
+    check = corpus._check_chunk
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return check(*args)
+
+    monkeypatch.setattr(corpus, "_check_chunk", counted)
+    return calls
+
+
 def _defect_passages() -> list[str]:
     return (DEFECTS / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
 
@@ -95,8 +116,39 @@ def test_stage_chunked_equals_whole_on_a_clean_corpus(tmp_path: Path,
         assert _validate(config, tmp_path / f"c{chunk}", chunk, monkeypatch) == whole
 
 
+def test_stage_on_worker_processes_equals_in_process(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker, chunks of 2 passages (two in flight, recorded in chunk order): the same
+    flags, counts, suite outcomes and copy bytes as in-process (two workers: the slow case
+    below, one worker process costs ~3 s of imports)."""
+    config = _files_config(tmp_path, _defect_passages())
+    here = _checked_here(monkeypatch)
+    alone = _validate(_with_workers(config, 0), tmp_path / "alone", 2, monkeypatch)
+    assert here and alone[0]
+    here.clear()
+    assert _validate(_with_workers(config, 1), tmp_path / "w1", 2, monkeypatch) == alone
+    assert not here, "every chunk went to the workers"
+    assert _with_workers(config, 3).fingerprint_of("validate_gold_labels") == \
+        config.fingerprint_of("validate_gold_labels")
+
+
+def test_a_corpus_below_the_threshold_starts_no_worker(tmp_path: Path) -> None:
+    config = _files_config(tmp_path, _defect_passages())
+    sources = materialise_sources(config.data, tmp_path / "source", copy_corpora=False)
+    runner = SuiteRunner(ROOT / "data_contracts", config.validate_)
+    assert config.engine.local_workers >= 1  # the default has workers, for large corpora
+    size_mb = (tmp_path / "corpus.jsonl").stat().st_size / 2**20
+    above = config.engine.model_copy(update={"local_workers_min_corpus_mb": size_mb * 1.01})
+    for engine in (config.engine, above):
+        with corpus.chunk_workers(engine, runner, sources) as workers:
+            assert workers is None
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_stage_chunked_equals_whole_on_broken_corpora(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      workers: int) -> None:
+    """Whole, in chunks, and in chunks on worker processes: the same errors, word for word."""
     lines = _defect_passages()
     first = json.loads(lines[0])
     dup = json.dumps({**first, "contents": "another passage with the first one's id"})
@@ -111,7 +163,8 @@ def test_stage_chunked_equals_whole_on_broken_corpora(tmp_path: Path,
         whole = _validate(config, tmp_path / name / "whole", 10**6, monkeypatch)
         assert whole[0] == error, whole
         for chunk in (1, 3):
-            assert _validate(config, tmp_path / name / f"c{chunk}", chunk, monkeypatch) == whole
+            assert _validate(_with_workers(config, workers), tmp_path / name / f"c{chunk}",
+                             chunk, monkeypatch) == whole
     # what the whole-frame stage said before chunking, word for word
     dup_msg = _validate(_files_config(tmp_path / "dup_split", [*lines, blank, dup]),
                         tmp_path / "again", 2, monkeypatch)[1]
@@ -152,3 +205,24 @@ def test_streamed_copy_line_is_write_jsonl_bytes(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "w.jsonl", passages)
     assert "".join(passage_line(p) for p in passages).encode() == \
         (tmp_path / "w.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_suite_error_in_a_worker_surfaces_as_in_process(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite that raises (here: an expectation on a column the frame lacks) stops the stage
+    with the same ContractError whether the chunk was checked here or in a worker."""
+    contracts = tmp_path / "contracts"
+    shutil.copytree(ROOT / "data_contracts", contracts)
+    suite = contracts / "corpus.py"
+    text = suite.read_text(encoding="utf-8")
+    broken = text.replace('gxe.ExpectColumnValuesToMatchRegex(column="contents"',
+                          'gxe.ExpectColumnValuesToMatchRegex(column="no_such_column"')
+    assert broken != text
+    suite.write_text(broken, encoding="utf-8")
+    config = _files_config(tmp_path, _defect_passages())
+    config = config.model_copy(update={"validate_": config.validate_.model_copy(
+        update={"contracts_dir": contracts})})
+    alone = _validate(_with_workers(config, 0), tmp_path / "alone", 3, monkeypatch)
+    assert alone[0] == "ContractError" and "no_such_column" in alone[1], alone
+    assert _validate(_with_workers(config, 2), tmp_path / "w2", 3, monkeypatch) == alone

@@ -30,6 +30,13 @@ class EngineConfig(Section):
     # Seconds to reach the cluster, and for the workers to start, before the stage fails.
     connect_timeout_s: float = Field(15.0, gt=0.0)
     worker_start_timeout_s: float = Field(300.0, gt=0.0)
+    # Processes on this machine, beside the stage's own, that run corpus validation's
+    # per-chunk checks (the `corpus` GX suite and the row schema) whatever `kind` is: the
+    # stage reads and writes the corpus here. 0: every check in the stage's process.
+    local_workers: int = Field(1, ge=0)
+    # A corpus file smaller than this is checked in the stage's process: a worker's start
+    # (Python, pandas, GX: ~3 s of CPU) costs more than it saves below ~100k passages.
+    local_workers_min_corpus_mb: float = Field(100.0, ge=0.0)
 
     @field_validator("address")
     @classmethod

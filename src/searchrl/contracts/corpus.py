@@ -13,12 +13,22 @@ Each chunk of `CHUNK_ROWS` passages, read in file order from the configured sour
 A broken passage is collected, not raised at once: the stage stops with one ContractError
 naming the file, the first rows and their fields after every corpus was read, as when each
 corpus was checked as one frame. What it finds is the same (tests check it row for row).
+
+A corpus file of `engine.local_workers_min_corpus_mb` or more has step 3's suite and row
+schema run on `engine.local_workers` spawned processes (`ChunkWorkers`), at most
+`IN_FLIGHT_PER_WORKER` chunks each in flight so memory stays flat, while this process parses,
+copies and scans the next chunks; the verdicts are recorded in chunk order here (with the id
+hashes), so the result, the errors and the copy do not depend on the number of workers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,10 +36,12 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
+from searchrl.config import EngineConfig, ValidateConfig
 from searchrl.contracts.checks import CorpusFacts
 from searchrl.contracts.drift import GoldDigest
-from searchrl.contracts.suites import ContractError, SuiteResult, SuiteRunner
+from searchrl.contracts.suites import ChunkedRun, ContractError, SuiteResult, SuiteRunner, Verdict
 from searchrl.data.io import (
+    DataError,
     atomic_writer,
     iter_passage_chunks,
     manifest_path,
@@ -44,6 +56,8 @@ from searchrl.types import Passage
 # memory (~3 KB a passage with its frame and the suite's working copies).
 CHUNK_ROWS = 50_000
 SHOWN_PROBLEMS = 10
+# Chunks queued per worker: one checked while the next travels, few enough to keep memory flat.
+IN_FLIGHT_PER_WORKER = 2
 
 
 @dataclass(frozen=True)
@@ -100,28 +114,135 @@ def _schema_problem(schema: Any, raw: dict[str, Any]) -> str | None:
     return None
 
 
+Checked = tuple[list[Verdict], dict[int, str]]
+
+
+def _check_chunk(run: ChunkedRun, schema: Any, rows: list[dict[str, Any]]) -> Checked:
+    """A chunk's per-chunk suite verdicts and, on the rows the suite passed, the row schema's
+    problems (chunk positions): what a worker runs, or this process without workers."""
+    verdicts = run.check(rows)
+    failed = {k for v in verdicts for k in v.indices}
+    problems = {}
+    for k, raw in enumerate(rows):
+        if k not in failed:
+            problem = _schema_problem(schema, raw)
+            if problem is not None:
+                problems[k] = problem
+    return verdicts, problems
+
+
+@dataclass(frozen=True)
+class _ChunkJob:
+    contracts_dir: Path
+    cfg: ValidateConfig
+    dataset: str
+    rows: list[dict[str, Any]]
+
+
+# In a worker process: its suite run and row schema for (contracts dir, config, dataset).
+_WORKER_RUN: dict[tuple[str, str, str], tuple[ChunkedRun, Any]] = {}
+
+
+def _check_on_worker(job: _ChunkJob) -> Checked:
+    key = (str(job.contracts_dir), job.cfg.model_dump_json(), job.dataset)
+    if key not in _WORKER_RUN:
+        _WORKER_RUN.clear()
+        runner = SuiteRunner(job.contracts_dir, job.cfg)
+        _WORKER_RUN[key] = (runner.chunked("corpus", job.dataset), runner.row_schema("corpus"))
+    run, schema = _WORKER_RUN[key]
+    return _check_chunk(run, schema, job.rows)
+
+
+@dataclass(frozen=True)
+class ChunkWorkers:
+    """Worker processes for the per-chunk checks of the corpus files at least `min_bytes`."""
+
+    pool: ProcessPoolExecutor
+    count: int
+    min_bytes: float
+
+    def serve(self, file: CorpusFile) -> bool:
+        return _source_bytes(file) >= self.min_bytes
+
+
+def _source_bytes(file: CorpusFile) -> int:
+    source = Path(file.source or file.path)
+    return source.stat().st_size if source.is_file() else 0
+
+
+@contextmanager
+def chunk_workers(engine: EngineConfig, runner: SuiteRunner, sources: SourcePaths
+                  ) -> Iterator[ChunkWorkers | None]:
+    """`engine.local_workers` processes when a corpus file is large enough to pay for their
+    start (else None), started now so their imports overlap the QA checks; stopped on exit."""
+    min_bytes = engine.local_workers_min_corpus_mb * 2**20
+    if not engine.local_workers:
+        yield None
+        return
+    large = [f for f in corpus_files(sources) if _source_bytes(f) >= min_bytes]
+    if not large:
+        yield None
+        return
+    # spawn, as the encoder workers: the stage may run in a process with threads (Prefect).
+    pool = ProcessPoolExecutor(engine.local_workers,
+                               mp_context=multiprocessing.get_context("spawn"))
+    try:
+        warm = _ChunkJob(runner.contracts_dir, runner.cfg, large[0].names[0], [])
+        for _ in range(engine.local_workers):
+            pool.submit(_check_on_worker, warm)
+        yield ChunkWorkers(pool, engine.local_workers, min_bytes)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts,
-            digest: GoldDigest | None = None) -> tuple[SuiteResult, list[str]]:
+            digest: GoldDigest | None = None, workers: ChunkWorkers | None = None
+            ) -> tuple[SuiteResult, list[str]]:
     """One pass over `file`: its suite result and its problems (file, row, field)."""
-    run = runner.chunked("corpus", file.names[0])
+    dataset = file.names[0]
+    run = runner.chunked("corpus", dataset)
     schema = runner.row_schema("corpus")
     schema_problems: dict[int, str] = {}  # the suite passed the row, the schema did not
+    flying: deque[tuple[list[dict[str, Any]], Future[Checked]]] = deque()
+
+    def record(rows: list[dict[str, Any]], checked: Checked) -> None:
+        start = run.rows
+        run.add(rows, checked[0])
+        schema_problems.update((start + k, problem) for k, problem in checked[1].items())
+
+    def record_first() -> None:
+        rows, future = flying.popleft()
+        try:
+            checked = future.result()
+        except BrokenProcessPool as exc:
+            raise RuntimeError(f"{file.source or file.path}: a corpus check worker process "
+                               f"died ({exc}); rerun, or set engine.local_workers=0") from exc
+        record(rows, checked)
+
     with _copy_to(file.path, file.source is not None) as copy:
-        for passages in iter_passage_chunks(file.source or file.path, CHUNK_ROWS):
-            start = run.rows
-            rows = [{"id": p.id, "title": p.title, "contents": p.contents} for p in passages]
-            failed = run.add(rows)
-            for k, raw in enumerate(rows):
-                if start + k not in failed:
-                    problem = _schema_problem(schema, raw)
-                    if problem is not None:
-                        schema_problems[start + k] = problem
-            copy.write(passages)
-            if digest is not None:  # drift against the reference gold set's passages
-                digest.corpus(file.names[0]).add(passages)
-            facts.add(file.names[0], passages)
-            for other in file.names[1:]:  # one file, several names: counted for each
-                facts.add(other, passages, scan=False)
+        try:
+            for passages in iter_passage_chunks(file.source or file.path, CHUNK_ROWS):
+                rows = [{"id": p.id, "title": p.title, "contents": p.contents}
+                        for p in passages]
+                if workers is None or not workers.serve(file):
+                    record(rows, _check_chunk(run, schema, rows))
+                else:
+                    if len(flying) >= IN_FLIGHT_PER_WORKER * workers.count:
+                        record_first()
+                    flying.append((rows, workers.pool.submit(_check_on_worker, _ChunkJob(
+                        runner.contracts_dir, runner.cfg, dataset, rows))))
+                copy.write(passages)
+                if digest is not None:  # drift against the reference gold set's passages
+                    digest.corpus(dataset).add(passages)
+                facts.add(dataset, passages)
+                for other in file.names[1:]:  # one file, several names: counted for each
+                    facts.add(other, passages, scan=False)
+        except DataError:
+            while flying:  # an earlier chunk's suite error first, as without workers
+                record_first()
+            raise
+        while flying:
+            record_first()
     result = run.finish(lambda _column, wanted: dict(passage_id_at(file.path, wanted)))
     problems = [f"{file.path}: row {i + 1}: {reason}"
                 for i, fails in sorted(result.row_failures.items()) for _, reason in fails]
@@ -132,14 +253,15 @@ def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts,
 
 
 def check_corpora(runner: SuiteRunner, sources: SourcePaths, facts: CorpusFacts,
-                  digest: GoldDigest | None = None) -> list[SuiteResult]:
+                  digest: GoldDigest | None = None, workers: ChunkWorkers | None = None
+                  ) -> list[SuiteResult]:
     """Every corpus streamed once (copied where still to be copied, checked, scanned into
     `facts`); one SuiteResult per corpus name. Raises DataError (a line or row unreadable as
     a passage) or ContractError (the first corpus, in order, with broken passages)."""
     results: list[SuiteResult] = []
     broken: list[tuple[str, list[str]]] = []
     for file in corpus_files(sources):
-        result, problems = _stream(runner, file, facts, digest)
+        result, problems = _stream(runner, file, facts, digest, workers)
         results += [replace(result, dataset=name) for name in file.names]
         if problems:
             broken.append((file.names[0], problems))

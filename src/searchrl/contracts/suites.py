@@ -116,7 +116,7 @@ class SuiteRunner:
     """One ephemeral GX context for a validation run; `run` validates one dataset."""
 
     def __init__(self, contracts_dir: Path, cfg: ValidateConfig) -> None:
-        self.cfg = cfg
+        self.contracts_dir, self.cfg = Path(contracts_dir), cfg
         self.modules = {name: load_suite(contracts_dir, name) for name in SUITE_NAMES}
         self._ctx = _context()
         self._n = 0
@@ -166,7 +166,7 @@ class SuiteRunner:
 
 
 @dataclass
-class _Verdict:
+class Verdict:
     """One expectation's verdict on one frame: its rows that failed (frame positions)."""
 
     expectation: str
@@ -195,7 +195,7 @@ def _describe(conf: Any) -> tuple[str, str, str, str]:
             str(meta.get("check", "contract")))
 
 
-def _validate(definition: Any, frame: pd.DataFrame, suite: str, dataset: str) -> list[_Verdict]:
+def _validate(definition: Any, frame: pd.DataFrame, suite: str, dataset: str) -> list[Verdict]:
     run = definition.run(batch_parameters={"dataframe": frame},
                          result_format={"result_format": "COMPLETE"})
     verdicts = []
@@ -211,7 +211,7 @@ def _validate(definition: Any, frame: pd.DataFrame, suite: str, dataset: str) ->
             raise ContractError(f"suite {suite} on {dataset}: expectation {conf.type}"
                                 f"({column}) failed without row indices; use column-map "
                                 "expectations on clean derived columns")
-        verdicts.append(_Verdict(conf.type, column, fld, rule, check, bool(res.success),
+        verdicts.append(Verdict(conf.type, column, fld, rule, check, bool(res.success),
                                  indices))
     return verdicts
 
@@ -224,6 +224,8 @@ class ChunkedRun:
     a non-null value's 64-bit hash per row (9 bytes a row with its null mark), the hashes
     sorted, and the rows whose hashes repeat compared by value (`values_of`, asked only for
     them). Failing rows are kept (row -> reasons), so memory grows with failures, not rows.
+    A chunk's suite (`check`) may run in a worker process; what spans chunks (`add`: the
+    verdicts merged in chunk order, the hashes) stays in the run's own process.
     """
 
     def __init__(self, runner: SuiteRunner, suite: str, dataset: str) -> None:
@@ -234,28 +236,44 @@ class ChunkedRun:
                        full.expectations]
         self._unique = [i for i, (kind, _) in enumerate(self._order) if kind == UNIQUE]
         self._definition: Any = None
-        self._verdicts: dict[int, _Verdict] = {}  # per-chunk expectation, merged over chunks
+        self._verdicts: dict[int, Verdict] = {}  # per-chunk expectation, merged over chunks
         self._hashes: dict[int, list[np.ndarray]] = {i: [] for i in self._unique}
         self._valid: dict[int, list[np.ndarray]] = {i: [] for i in self._unique}
         self.rows = 0
 
-    def add(self, rows: list[dict[str, Any]]) -> set[int]:
-        """The next chunk (rows in dataset order); returns its rows (dataset positions) that
-        failed an expectation checked per chunk (uniqueness is known only at `finish`)."""
+    def check(self, rows: list[dict[str, Any]], frame: pd.DataFrame | None = None
+              ) -> list[Verdict]:
+        """A chunk's verdicts on the expectations checked per chunk (failing rows as chunk
+        positions), nothing recorded: the part of `add` another process may run, with a
+        `ChunkedRun` of the same suite and config of its own."""
+        if not rows:
+            return []
+        if frame is None:
+            frame = self.runner._frame(self.suite, rows)
+        if self._definition is None:
+            self._definition = self.runner._definition(
+                self.suite, self.dataset, lambda e: e.expectation_type != UNIQUE)
+        verdicts = _validate(self._definition, frame, self.suite, self.dataset)
+        expected = len(self._order) - len(self._unique)
+        if len(verdicts) != expected:
+            raise ContractError(f"suite {self.suite}: {len(verdicts)} results for "
+                                f"{expected} expectations")
+        return verdicts
+
+    def add(self, rows: list[dict[str, Any]], verdicts: list[Verdict] | None = None
+            ) -> set[int]:
+        """The next chunk (rows in dataset order) with its `check` verdicts (checked here when
+        None); returns its rows (dataset positions) that failed an expectation checked per
+        chunk (uniqueness is known only at `finish`)."""
         failed: set[int] = set()
         if not rows:
             return failed
         frame = self.runner._frame(self.suite, rows)
-        if self._definition is None:
-            self._definition = self.runner._definition(
-                self.suite, self.dataset, lambda e: e.expectation_type != UNIQUE)
+        if verdicts is None:
+            verdicts = self.check(rows, frame)
         per_chunk = [i for i in range(len(self._order)) if i not in self._unique]
-        verdicts = _validate(self._definition, frame, self.suite, self.dataset)
-        if len(verdicts) != len(per_chunk):
-            raise ContractError(f"suite {self.suite}: {len(verdicts)} results for "
-                                f"{len(per_chunk)} expectations")
         for i, v in zip(per_chunk, verdicts, strict=True):
-            merged = self._verdicts.setdefault(i, _Verdict(v.expectation, v.column, v.field,
+            merged = self._verdicts.setdefault(i, Verdict(v.expectation, v.column, v.field,
                                                            v.rule, v.check, True, []))
             merged.success = merged.success and v.success
             merged.indices.extend(self.rows + k for k in v.indices)
@@ -280,7 +298,7 @@ class ChunkedRun:
             kind, (column, fld, rule, check) = self._order[i]
             dups = _duplicate_rows(np.concatenate(self._hashes.pop(i)),
                                    np.concatenate(self._valid.pop(i)), column, values_of)
-            self._verdicts[i] = _Verdict(kind, column, fld, rule, check, not dups, dups)
+            self._verdicts[i] = Verdict(kind, column, fld, rule, check, not dups, dups)
         failures: dict[int, list[tuple[str, str]]] = defaultdict(list)
         for i in range(len(self._order)):
             verdict = self._verdicts[i]

@@ -12,7 +12,8 @@ Order of work (each step's output feeds the next; nothing downstream sees an unc
    rows keep their source file and row number (the line, for JSONL);
 3. corpora, streamed once each (`searchrl.contracts.corpus`: memory flat in corpus size): copied
    into `source/`, the `corpus` GX suite + row schema chunk by chunk (ids unique over the whole
-   file), and the answer scan for step 4 on the way; a broken passage stops the stage;
+   file; on `engine.local_workers` processes for a large corpus), and the answer scan for
+   step 4 on the way; a broken passage stops the stage;
 4. checks beyond the schema (`searchrl.contracts.checks`) on every row that parses as a
    `QAExample`, contract failures included (they are quarantined anyway, but their leakage and
    answer variants are still reported); train rows without usable gold still get the leakage
@@ -54,7 +55,7 @@ from searchrl.contracts.checks import (
     supporting_ids,
     time_sensitive_flags,
 )
-from searchrl.contracts.corpus import check_corpora
+from searchrl.contracts.corpus import check_corpora, chunk_workers
 from searchrl.contracts.drift import (
     DIGEST_DIR,
     DriftReport,
@@ -468,10 +469,11 @@ def validate_gold_labels(config: PipelineConfig, out_dir: Path) -> ValidationRes
                                   copy_corpora=False)
     runner = SuiteRunner(cfg.contracts_dir, cfg)
     used: set[int] = set()
-    qa = _check_qa_sets(runner, sources, provenance, overrides, used)
-    facts = _corpus_facts(qa, cfg)
     digest = GoldDigest()
-    corpus_suites = check_corpora(runner, sources, facts, digest)
+    with chunk_workers(config.engine, runner, sources) as workers:  # a large corpus only
+        qa = _check_qa_sets(runner, sources, provenance, overrides, used)
+        facts = _corpus_facts(qa, cfg)
+        corpus_suites = check_corpora(runner, sources, facts, digest, workers)
     _flag_beyond_schema(qa, facts, cfg)
     clean = _decide_rows(qa, cfg, overrides, used)
     for name, rows in clean.items():
