@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from searchrl.config import PipelineConfig, ValidateConfig
@@ -80,7 +81,12 @@ def _validate(config: PipelineConfig, out: Path, chunk: int,
         return type(exc).__name__, str(exc).replace(str(out), "<out>")
     audit = json.loads(result.audit_path.read_text())  # type: ignore[union-attr]
     copy = result.corpus_path.read_bytes()
-    return audit["flags"], audit["counts"], audit["suites"], copy
+    drift = {}  # the passages' drift hashes
+    for path in sorted(result.digest_dir.glob("corpus_*.npz")):  # type: ignore[union-attr]
+        with np.load(path) as digest:
+            drift[path.name] = (digest["ids"].tolist(), digest["content"].tolist())
+    assert drift
+    return audit["flags"], audit["counts"], audit["suites"], copy, drift
 
 
 def _with_workers(config: PipelineConfig, workers: int) -> PipelineConfig:

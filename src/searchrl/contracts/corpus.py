@@ -14,11 +14,13 @@ A broken passage is collected, not raised at once: the stage stops with one Cont
 naming the file, the first rows and their fields after every corpus was read, as when each
 corpus was checked as one frame. What it finds is the same (tests check it row for row).
 
-A corpus file of `engine.local_workers_min_corpus_mb` or more has step 3's suite and row
-schema run on `engine.local_workers` spawned processes (`ChunkWorkers`), at most
-`IN_FLIGHT_PER_WORKER` chunks each in flight so memory stays flat, while this process parses,
-copies and scans the next chunks; the verdicts are recorded in chunk order here (with the id
-hashes), so the result, the errors and the copy do not depend on the number of workers.
+A corpus file of `engine.local_workers_min_corpus_mb` or more has the work of a chunk that
+needs no other chunk (the suite and row schema of step 3, the copy's lines of step 2, the
+drift hashes) run on `engine.local_workers` spawned processes (`ChunkWorkers`), at most
+`IN_FLIGHT_PER_WORKER` chunks each in flight so memory stays flat, while this process parses
+and scans the next chunks. What spans chunks stays here, in chunk order: the verdicts and id
+hashes recorded, the copy written and hashed, the answer scan; so the result, the errors and
+the copy do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple, cast
 
 from pydantic import ValidationError
 
 from searchrl.config import EngineConfig, ValidateConfig
 from searchrl.contracts.checks import CorpusFacts
-from searchrl.contracts.drift import GoldDigest
+from searchrl.contracts.drift import CorpusDigest, GoldDigest
 from searchrl.contracts.suites import ChunkedRun, ContractError, SuiteResult, SuiteRunner, Verdict
 from searchrl.data.io import (
     DataError,
@@ -84,13 +86,13 @@ class _Copy:
     def __init__(self, fh: IO[bytes] | None) -> None:
         self.fh, self.rows, self.sha = fh, 0, hashlib.sha256()
 
-    def write(self, passages: list[Passage]) -> None:
+    def write(self, data: bytes, rows: int) -> None:
+        """The next `rows` passages' lines (`passage_line`, encoded)."""
         if self.fh is None:
             return
-        data = "".join(passage_line(p) for p in passages).encode("utf-8")
         self.fh.write(data)
         self.sha.update(data)
-        self.rows += len(passages)
+        self.rows += rows
 
 
 @contextmanager
@@ -114,12 +116,30 @@ def _schema_problem(schema: Any, raw: dict[str, Any]) -> str | None:
     return None
 
 
-Checked = tuple[list[Verdict], dict[int, str]]
+class _PassageFields(NamedTuple):
+    """A row's fields under Passage's names: what `passage_line` and the drift digest read,
+    without a model per passage (a worker gets the rows as dicts)."""
+
+    id: str
+    title: str | None
+    contents: str
 
 
-def _check_chunk(run: ChunkedRun, schema: Any, rows: list[dict[str, Any]]) -> Checked:
-    """A chunk's per-chunk suite verdicts and, on the rows the suite passed, the row schema's
-    problems (chunk positions): what a worker runs, or this process without workers."""
+@dataclass
+class _Checked:
+    """What a chunk's order-free work found and made."""
+
+    verdicts: list[Verdict]  # the suite's per-chunk expectations, chunk positions
+    schema_problems: dict[int, str]  # rows the suite passed and the row schema did not
+    copy: bytes  # the chunk's lines of the copy (empty when nothing is copied)
+    digest: CorpusDigest | None  # its passages' drift hashes (None: no digest kept)
+
+
+def _check_chunk(run: ChunkedRun, schema: Any, rows: list[dict[str, Any]],
+                 passages: list[Passage] | None, copying: bool, digesting: bool
+                 ) -> _Checked:
+    """A chunk's suite verdicts, row schema problems, copy lines and drift hashes: what a
+    worker runs (`passages` None: read from `rows`), or this process without workers."""
     verdicts = run.check(rows)
     failed = {k for v in verdicts for k in v.indices}
     problems = {}
@@ -128,7 +148,15 @@ def _check_chunk(run: ChunkedRun, schema: Any, rows: list[dict[str, Any]]) -> Ch
             problem = _schema_problem(schema, raw)
             if problem is not None:
                 problems[k] = problem
-    return verdicts, problems
+    if passages is None:
+        passages = cast(list[Passage], [_PassageFields(r["id"], r["title"], r["contents"])
+                                        for r in rows])
+    copy = "".join(passage_line(p) for p in passages).encode("utf-8") if copying else b""
+    digest = None
+    if digesting:
+        digest = CorpusDigest()
+        digest.add(passages)
+    return _Checked(verdicts, problems, copy, digest)
 
 
 @dataclass(frozen=True)
@@ -137,20 +165,22 @@ class _ChunkJob:
     cfg: ValidateConfig
     dataset: str
     rows: list[dict[str, Any]]
+    copying: bool
+    digesting: bool
 
 
 # In a worker process: its suite run and row schema for (contracts dir, config, dataset).
 _WORKER_RUN: dict[tuple[str, str, str], tuple[ChunkedRun, Any]] = {}
 
 
-def _check_on_worker(job: _ChunkJob) -> Checked:
+def _check_on_worker(job: _ChunkJob) -> _Checked:
     key = (str(job.contracts_dir), job.cfg.model_dump_json(), job.dataset)
     if key not in _WORKER_RUN:
         _WORKER_RUN.clear()
         runner = SuiteRunner(job.contracts_dir, job.cfg)
         _WORKER_RUN[key] = (runner.chunked("corpus", job.dataset), runner.row_schema("corpus"))
     run, schema = _WORKER_RUN[key]
-    return _check_chunk(run, schema, job.rows)
+    return _check_chunk(run, schema, job.rows, None, job.copying, job.digesting)
 
 
 @dataclass(frozen=True)
@@ -187,7 +217,7 @@ def chunk_workers(engine: EngineConfig, runner: SuiteRunner, sources: SourcePath
     pool = ProcessPoolExecutor(engine.local_workers,
                                mp_context=multiprocessing.get_context("spawn"))
     try:
-        warm = _ChunkJob(runner.contracts_dir, runner.cfg, large[0].names[0], [])
+        warm = _ChunkJob(runner.contracts_dir, runner.cfg, large[0].names[0], [], False, False)
         for _ in range(engine.local_workers):
             pool.submit(_check_on_worker, warm)
         yield ChunkWorkers(pool, engine.local_workers, min_bytes)
@@ -203,12 +233,16 @@ def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts,
     run = runner.chunked("corpus", dataset)
     schema = runner.row_schema("corpus")
     schema_problems: dict[int, str] = {}  # the suite passed the row, the schema did not
-    flying: deque[tuple[list[dict[str, Any]], Future[Checked]]] = deque()
+    flying: deque[tuple[list[dict[str, Any]], Future[_Checked]]] = deque()
+    copying = file.source is not None
 
-    def record(rows: list[dict[str, Any]], checked: Checked) -> None:
+    def record(rows: list[dict[str, Any]], checked: _Checked) -> None:
         start = run.rows
-        run.add(rows, checked[0])
-        schema_problems.update((start + k, problem) for k, problem in checked[1].items())
+        run.add(rows, checked.verdicts)
+        schema_problems.update((start + k, p) for k, p in checked.schema_problems.items())
+        copy.write(checked.copy, len(rows))
+        if digest is not None and checked.digest is not None:  # drift against the
+            digest.corpus(dataset).extend(checked.digest)  # reference gold set's passages
 
     def record_first() -> None:
         rows, future = flying.popleft()
@@ -219,21 +253,20 @@ def _stream(runner: SuiteRunner, file: CorpusFile, facts: CorpusFacts,
                                f"died ({exc}); rerun, or set engine.local_workers=0") from exc
         record(rows, checked)
 
-    with _copy_to(file.path, file.source is not None) as copy:
+    with _copy_to(file.path, copying) as copy:
         try:
             for passages in iter_passage_chunks(file.source or file.path, CHUNK_ROWS):
                 rows = [{"id": p.id, "title": p.title, "contents": p.contents}
                         for p in passages]
                 if workers is None or not workers.serve(file):
-                    record(rows, _check_chunk(run, schema, rows))
+                    record(rows, _check_chunk(run, schema, rows, passages, copying,
+                                              digest is not None))
                 else:
                     if len(flying) >= IN_FLIGHT_PER_WORKER * workers.count:
                         record_first()
                     flying.append((rows, workers.pool.submit(_check_on_worker, _ChunkJob(
-                        runner.contracts_dir, runner.cfg, dataset, rows))))
-                copy.write(passages)
-                if digest is not None:  # drift against the reference gold set's passages
-                    digest.corpus(dataset).add(passages)
+                        runner.contracts_dir, runner.cfg, dataset, rows, copying,
+                        digest is not None))))
                 facts.add(dataset, passages)
                 for other in file.names[1:]:  # one file, several names: counted for each
                     facts.add(other, passages, scan=False)

@@ -78,6 +78,11 @@ class CorpusDigest:
         self._ids.append(np.frombuffer(ids, dtype="<u8").astype(np.uint64))
         self._content.append(np.frombuffer(content, dtype="<u8").astype(np.uint64))
 
+    def extend(self, other: CorpusDigest) -> None:
+        """The chunks `other` gathered (a corpus check worker's), after these."""
+        self._ids += other._ids
+        self._content += other._content
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.uint64)
         content = np.concatenate(self._content) if self._content else np.zeros(0, np.uint64)
