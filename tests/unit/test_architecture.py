@@ -186,3 +186,32 @@ def test_the_cycle_checker_sees_a_cycle_through_a_lazy_import(tmp_path: Path) ->
         (root / package / "x.py").write_text(text)
     (root / "top.py").write_text("from searchrl.a.x import z\n")
     assert _cycles(_package_graph(root)) == [["a", "b", "c"]]
+
+
+def _module_graph(package_dir: Path) -> dict[str, set[str]]:
+    """Module-level imports inside one package (lazy ones included): node = a module of it."""
+    dotted_package = ".".join(package_dir.relative_to(SRC.parent).parts)
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package_dir.glob("*.py")):
+        targets = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                rest = name.removeprefix(dotted_package + ".")
+                if rest != name and "." not in rest and rest != path.stem:
+                    targets.add(rest)
+    return graph
+
+
+def test_no_import_circle_inside_train() -> None:
+    # The trainer's state, its update and its checkpoint selection each read without the others
+    # (issue 34): state.py holds the records, update.py and selection.py read only it.
+    graph = _module_graph(SRC / "train")
+    assert _cycles(graph) == []
+    assert "state" in graph["update"] and "state" in graph["selection"]
+    assert not graph["update"] & {"selection", "grpo"}
+    assert not graph["selection"] & {"update", "grpo"}
