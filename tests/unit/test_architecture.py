@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,17 @@ def test_no_import_circle_inside_train() -> None:
     assert "state" in graph["update"] and "state" in graph["selection"]
     assert not graph["update"] & {"selection", "grpo"}
     assert not graph["selection"] & {"update", "grpo"}
+
+
+def test_every_file_with_slow_tests_runs_in_ci() -> None:
+    # The default run skips slow tests; CI's slow steps name their files one by one, so a
+    # new slow test in a file no step names would never run anywhere.
+    root = SRC.parents[1]
+    ci_script = (root / ".ci" / "run").read_text()
+    slow_files = sorted(
+        str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
+        if re.search(r"pytest\.mark\.slow\b", p.read_text())
+    )
+    assert slow_files, "no slow test found: the marker's spelling changed?"
+    missing = [f for f in slow_files if f not in ci_script]
+    assert missing == [], f"slow tests that CI never runs: {missing}"
