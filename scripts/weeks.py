@@ -8,7 +8,8 @@ real flow).
 new data, then a rollback; it prints why each stage re-ran, the drift, the registry and the
 Prefect records. Otherwise the flow runs once per week on one local Prefect server, with a
 steward's step, new gold rows and a ~1% corpus change before every week after the first, and
-the faults asked for (default: one every third week, in turn); it prints a line per week and
+the faults asked for (default: flows/weekly/simulate.py's FAULT_CYCLE, one of each
+in every 8 weeks); it prints a line per week and
 writes the table and the figure (docs/results/weeks.md).
 
 Usage: .venv/bin/python scripts/weeks.py --data DIR [--weeks N] [--json PATH] [--plot PNG]
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -41,7 +43,14 @@ def _fault(text: str) -> tuple[int, str]:
     return int(week), name
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # `kill` or a scheduler's timeout: unwind, so the week's flow process and the Prefect
+    # server this script started are stopped (Python's default would leave the server).
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, default=None, help="a new or empty directory")
     parser.add_argument("--weeks", type=int, default=2)
@@ -52,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=int, default=3600, help="per week")
     parser.add_argument("--fault", type=_fault, action="append", default=None,
                         metavar="WEEK:NAME", help=f"one of {', '.join(simulate.FAULTS)}; "
-                        "repeatable (default for N != 2: one every third week)")
+                        "repeatable (default for N != 2: one of each in every 8 weeks)")
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--rows-per-week", type=int, default=2)
     parser.add_argument("--corpus-change", type=float, default=0.01)

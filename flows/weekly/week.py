@@ -142,15 +142,16 @@ def run_flow(overrides: list[str], env: dict[str, str], timeout_s: float,
                                  *overrides], cwd=ROOT, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         killed = False
-        while proc.poll() is None:
-            if time.monotonic() - began > timeout_s:
-                _stop_group(proc, 30)
-                break
-            if kill_when is not None and not killed and kill_when():
-                os.killpg(proc.pid, signal.SIGTERM)
-                killed = True
-            time.sleep(0.2)
-        _stop_group(proc, 30)  # what the flow left (a retrieval server, ranks) goes with it
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - began > timeout_s:
+                    break
+                if kill_when is not None and not killed and kill_when():
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    killed = True
+                time.sleep(0.2)
+        finally:  # also when this script is stopped: the flow does not outlive it
+            _stop_group(proc, 30)  # what the flow left (a retrieval server, ranks) goes too
     message = ""
     if proc.returncode != 0 and log is not None:
         lines = [line for line in log.read_text(errors="replace").splitlines()

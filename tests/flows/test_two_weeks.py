@@ -181,3 +181,47 @@ def test_six_weeks_with_faults_fail_loudly_and_recover(tmp_path: Path) -> None:
     states = fig["prefect"]["states"]
     assert states["week1/0"] == "COMPLETED" and states["week3/0"] in ("FAILED", "CRASHED")
     assert (tmp_path / "weeks.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_weeks_script_stops_its_prefect_server(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    home = tmp_path / "prefect"
+    proc = subprocess.Popen(
+        [sys.executable, "scripts/weeks.py", "--weeks", "3", "--data", str(tmp_path / "data"),
+         *FAST],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(home),
+             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH},
+    )
+    try:
+        # Once the first week's flow runs, the script's server answers.
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "data").glob("logs/week001.log")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            time.sleep(0.5)
+        assert prefect_processes(home, wait_s=0), "the script's server is not running"
+        proc.terminate()
+        assert proc.wait(120) == 143
+    finally:
+        proc.kill()
+    assert prefect_processes(home) == []
+    # Nor the week's flow process (it runs in its own session, with the script's env).
+    left = [p for p in Path("/proc").glob("[0-9]*")
+            if _environ_has(p, f"PREFECT_HOME={home}") and "pipeline.py" in _cmdline(p)]
+    assert left == []
+
+
+def _environ_has(proc: Path, entry: str) -> bool:
+    try:
+        return entry.encode() in (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
