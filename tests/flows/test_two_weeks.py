@@ -29,9 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
-def prefect_processes(prefect_home: Path, wait_s: float = 10.0) -> list[str]:
-    """Command lines of the Prefect servers and workers still running with this home (a worker
-    ignored deploy_smoke.sh's first SIGTERM and polled on, and took the next week's run)."""
+def prefect_processes(prefect_home: Path, wait_s: float = 10.0, command: str = "prefect"
+                      ) -> list[str]:
+    """Command lines holding `command` (Prefect servers and workers by default) still running
+    with this home (a worker ignored deploy_smoke.sh's first SIGTERM and polled on, and took
+    the next week's run)."""
     deadline = time.monotonic() + wait_s
     while True:
         found = []
@@ -41,24 +43,29 @@ def prefect_processes(prefect_home: Path, wait_s: float = 10.0) -> list[str]:
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if f"PREFECT_HOME={prefect_home}".encode() in env and "prefect" in cmd:
+            if f"PREFECT_HOME={prefect_home}".encode() in env and command in cmd:
                 found.append(cmd)
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(1)
 
 
+def script_env(tmp_path: Path) -> dict[str, str]:
+    """The weeks script's environment: offline, CPU, Prefect's home under tmp_path/prefect."""
+    bin_dir = Path(sys.executable).parent
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
+            "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH}
+
+
 @pytest.mark.slow
 def test_two_weeks_of_the_local_deployment(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
     figures_path = tmp_path / "two_weeks.json"
     proc = subprocess.run(
         [sys.executable, "scripts/weeks.py", "--weeks", "2", "--data", str(tmp_path / "data"),
          "--json", str(figures_path), *FAST],
         cwd=ROOT, capture_output=True, text=True, timeout=3000,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
-             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH},
+        env=script_env(tmp_path),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert prefect_processes(tmp_path / "prefect") == []  # no worker or server left behind
@@ -124,7 +131,6 @@ SIX_WEEKS = {2: "no_change", 3: "malformed_gold", 4: "killed_mid_training", 5: "
 
 @pytest.mark.slow
 def test_six_weeks_with_faults_fail_loudly_and_recover(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
     figures_path = tmp_path / "weeks.json"
     proc = subprocess.run(
         [sys.executable, "scripts/weeks.py", "--weeks", "6", "--data", str(tmp_path / "data"),
@@ -134,9 +140,7 @@ def test_six_weeks_with_faults_fail_loudly_and_recover(tmp_path: Path) -> None:
          *FAST, "data.synthetic.n_train=70", "train.sft.n_demos=8",
          "retention.keep_weeks=2", "retention.keep_challengers=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=3000,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(tmp_path / "prefect"),
-             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH},
+        env=script_env(tmp_path),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert prefect_processes(tmp_path / "prefect") == []
@@ -185,15 +189,12 @@ def test_six_weeks_with_faults_fail_loudly_and_recover(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigterm_to_the_weeks_script_stops_its_prefect_server(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
     home = tmp_path / "prefect"
     proc = subprocess.Popen(
         [sys.executable, "scripts/weeks.py", "--weeks", "3", "--data", str(tmp_path / "data"),
          *FAST],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PREFECT_HOME": str(home),
-             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", **PYTHONPATH},
+        env=script_env(tmp_path),
     )
     try:
         # Once the first week's flow runs, the script's server answers.
@@ -208,20 +209,4 @@ def test_sigterm_to_the_weeks_script_stops_its_prefect_server(tmp_path: Path) ->
         proc.kill()
     assert prefect_processes(home) == []
     # Nor the week's flow process (it runs in its own session, with the script's env).
-    left = [p for p in Path("/proc").glob("[0-9]*")
-            if _environ_has(p, f"PREFECT_HOME={home}") and "pipeline.py" in _cmdline(p)]
-    assert left == []
-
-
-def _environ_has(proc: Path, entry: str) -> bool:
-    try:
-        return entry.encode() in (proc / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-def _cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+    assert prefect_processes(home, wait_s=0, command="pipeline.py") == []
