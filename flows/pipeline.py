@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script o
     sys.path.insert(0, str(ROOT))
 
 from searchrl.config import load_config  # noqa: E402
-from searchrl.exit_codes import exit_code_table, report_error  # noqa: E402
+from searchrl.exit_codes import exit_code_table, exit_on_sigterm, report_error  # noqa: E402
 from searchrl.retrieval.provider import retrieval_service  # noqa: E402
 from searchrl.retrieval.service import check_service_token  # noqa: E402
 from searchrl.tracking import (  # noqa: E402
@@ -112,10 +111,6 @@ def pipeline(config_path: str = "configs/tiny.yaml",
             "evaluation": evaluation, "decision": decision}
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the flow; 0 when it finished (GO or NO-GO: the decision is its result, not a
     failure), else the failed stage's error code (`searchrl.exit_codes`), message alone."""
@@ -128,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a scheduler's timeout, `kill`): Prefect marks the run Crashed, then re-sends the
     # signal to the previous handler. Python's default would end the process without its exit
     # handlers, leaving Prefect's temporary server (stopped atexit) running; this one exits.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_on_sigterm()
     try:
         load_config(args.config, args.overrides)  # a bad config fails before Prefect starts
         result = pipeline(config_path=args.config, overrides=args.overrides)

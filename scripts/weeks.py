@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ if str(ROOT) not in sys.path:  # flows/ and tasks/, as flows/pipeline.py does
     sys.path.insert(0, str(ROOT))
 
 from flows.weekly import simulate  # noqa: E402
+from searchrl.exit_codes import exit_on_sigterm  # noqa: E402
 from searchrl.train.ds import free_port  # noqa: E402
 from searchrl.weekly import report  # noqa: E402
 
@@ -43,14 +43,8 @@ def _fault(text: str) -> tuple[int, str]:
     return int(week), name
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    # `kill` or a scheduler's timeout: unwind, so the week's flow process and the Prefect
-    # server this script started are stopped (Python's default would leave the server).
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_on_sigterm()  # a killed run stops the week's flow and its Prefect server
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, default=None, help="a new or empty directory")
     parser.add_argument("--weeks", type=int, default=2)

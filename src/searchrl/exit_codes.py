@@ -8,6 +8,7 @@ class moving between modules keeps its code and importing this module loads noth
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -83,3 +84,14 @@ def report_error(exc: Exception) -> int:
 def exit_code_table() -> str:
     """The codes as `--help` shows them."""
     return "exit codes:\n" + "\n".join(f"  {e.code:>3}  {e.meaning}" for e in EXIT_CODES)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a scheduler's timeout, `kill`) raises SystemExit(143): the process unwinds
+    through its `finally` blocks and exit handlers (a child server or flow it started is
+    stopped), where Python's default would end it without them."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)

@@ -205,11 +205,11 @@ def test_drift_warning_arrives(receiver: Receiver, tmp_path: Path) -> None:
 
 
 SCRIPT = """
-import signal, sys, time
+import sys, time
 from prefect import flow
 sys.path.insert(0, {root!r})
-from flows.pipeline import _exit_on_sigterm
-signal.signal(signal.SIGTERM, _exit_on_sigterm)  # as flows/pipeline.py's main() does
+from searchrl.exit_codes import exit_on_sigterm
+exit_on_sigterm()  # as flows/pipeline.py's main() does
 
 @flow(name="searchrl-pipeline", flow_run_name={name!r})
 def weekly() -> None:
