@@ -14,6 +14,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="searchrl-prefect-"))
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# Under pytest-xdist each worker's torch would start a thread per core, so two workers on two
+# cores run four busy threads (and the flows' subprocesses more): a share of the cores per
+# worker instead, set before torch is imported and inherited by the subprocesses. Measured
+# (`make test`'s two workers, the two pipeline-flow files): 95 s -> 51 s.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 import pytest
 
