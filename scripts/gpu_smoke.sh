@@ -71,8 +71,9 @@ SMOKE=(
 stage() { timeout "$1" "$PY" -m searchrl "$2" --config configs/tiny.yaml "${SMOKE[@]}" "${@:3}"; }
 
 if stage 240 validate >"$OUT/validate.log" 2>&1 && stage 120 index >"$OUT/index.log" 2>&1 \
-   && stage 240 curriculum >"$OUT/curriculum.log" 2>&1; then
-  report stages PASS
+   && stage 240 curriculum >"$OUT/curriculum.log" 2>&1 \
+   && grep -q '"sft_device": "cuda' "$OUT/work/train_policy/sft/searchrl_sft_stats.json"; then
+  report stages "PASS (the cold start's SFT ran on cuda)"
 else
   report stages "FAIL (see $OUT/{validate,index,curriculum}.log)"
 fi

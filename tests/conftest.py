@@ -13,6 +13,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="searchrl-prefect-"))
+# The test server stores events every 0.5 s, not every 5 s: a test reading an event back waited
+# for the flush (tests/flows/test_events.py: ~5 s a test, ~1 s with this).
+os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "0.5")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Under pytest-xdist each worker's torch would start a thread per core, so two workers on two
 # cores run four busy threads (and the flows' subprocesses more): a share of the cores per

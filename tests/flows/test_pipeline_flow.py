@@ -3,6 +3,7 @@ stages run for real (tiny sizes), each an MLflow child run of one parent run."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from flows.pipeline import pipeline
 from searchrl import codehash
 from searchrl.tracking import child_runs
+from searchrl.train.cold_start import SFT_STATS_FILE
 
 # Small enough for the default test run; every stage still runs for real.
 FAST = [
@@ -49,6 +51,9 @@ def test_pipeline_creates_parent_and_child_runs(first_run: dict[str, Any]) -> No
     assert stages["train_policy"]["metrics"]["steps"] == 1
     assert Path(first_run["dataset"].paths["train"]).is_file()
     assert Path(first_run["checkpoint"].policy_dir).is_dir()
+    # The cold start's SFT ran on run.device (auto: the CPU here; scripts/gpu_smoke.sh: cuda).
+    sft_stats = Path(first_run["checkpoint"].sft_dir) / SFT_STATS_FILE
+    assert json.loads(sft_stats.read_text())["sft_device"] == "cpu"
     decision = first_run["decision"]
     assert decision.reasons and Path(decision.report_html or "").is_file()
 

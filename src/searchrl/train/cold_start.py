@@ -18,9 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, records_fingerprint
+from searchrl.generation.factory import resolve_device
 from searchrl.models.tiny import init_policy
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.bm25 import BM25Index
@@ -63,7 +66,9 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     demos = _demonstrations(config, train_examples, passages, searcher, sink) if cfg.enabled else []
     corpus_texts = [p.contents for p in passages] + [d.text for d in demos]
     model, tokenizer = init_policy(config.model, corpus_texts, seed=config.run.seed)
+    device = resolve_device(config.run.device)
     if demos:
+        model.to(torch.device(device))  # type: ignore[arg-type]  # SFT on run.device
         result = run_sft(model, tokenizer, demos, cfg, seed=config.run.seed,
                          on_step=lambda s, loss: sink.log_metrics({"sft_loss": loss}, step=s))
         sink.log_metrics({"sft_seconds": result.seconds, "sft_steps": result.steps,
@@ -71,7 +76,7 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     save_policy(model, tokenizer, out_dir)
     atomic_write_text(out_dir / SFT_STATS_FILE,
                       json.dumps({"seconds": time.perf_counter() - started,
-                                  "demos": len(demos)}))
+                                  "demos": len(demos), "sft_device": device if demos else None}))
     atomic_write_text(key_file, json.dumps(key))
     return out_dir
 

@@ -42,7 +42,7 @@ from searchrl.data.io import (
     records_fingerprint,
     write_jsonl,
 )
-from searchrl.generation.factory import make_generator
+from searchrl.generation.factory import make_generator, resolve_device
 from searchrl.models.tiny import load_policy
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.records import RolloutRecord
@@ -219,14 +219,15 @@ def _build(config: PipelineConfig, questions: Sequence[QAExample], sft_dir: Path
         assert reuse is not None
         records += [r for r in reuse[1][q.id] if r.sample_index < k]
     fresh = [q for q in chosen if q.id not in covered_ids]
-    # Loaded once: the hf backend samples with this model, which is then fine-tuned.
+    # Loaded once: the hf backend samples with this model, which is then fine-tuned, both on
+    # run.device.
     model, tokenizer = load_policy(sft_dir, config.model.dtype)
+    model.to(torch.device(resolve_device(config.run.device)))  # type: ignore[arg-type]
     if fresh:
         model.train(False)
         generator = make_generator(config, policy_dir=sft_dir, model=model, tokenizer=tokenizer)
         records += run_rollouts(fresh, generator, searcher, config.rollout, config.reward,
                                 group_size=k, seed=config.run.seed).records
-        model.to(torch.device("cpu"))  # type: ignore[arg-type]  # SFT trains on the CPU
     correct = [r for r in records if usable(r)]
     kept = select_samples(records)
     # The cold start's SFT settings (batch, micro-batch, clipping), RS's epochs and rate; the

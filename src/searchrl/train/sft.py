@@ -112,9 +112,11 @@ def batch_loss_backward(model: torch.nn.Module, items: Sequence[TokenizedDemo], 
     size = cfg.micro_batch_size or len(items)
     # One pass keeps the batch's own row order (the exact numbers of an unsplit batch).
     ordered = sorted(items, key=lambda d: len(d.input_ids)) if size < len(items) else items
+    device = next(model.parameters()).device  # where the caller put the model (run.device)
     micro = []
     for start in range(0, len(ordered), size):
-        ids, attn, tmask = collate_demos(ordered[start:start + size], pad_id)
+        ids, attn, tmask = (t.to(device) for t in
+                            collate_demos(ordered[start:start + size], pad_id))
         cmask = (context_targets(ids, attn, tmask, skip_ids)
                  if cfg.context_loss_weight > 0.0 else None)
         micro.append((ids, attn, tmask, cmask))
@@ -139,7 +141,8 @@ def context_targets(ids: torch.Tensor, attn: torch.Tensor, target_mask: torch.Te
     targets = ids[:, 1:]
     keep = attn[:, 1:].bool() & (target_mask == 0)
     if skip_ids:
-        keep &= ~torch.isin(targets, torch.tensor(list(skip_ids), dtype=targets.dtype))
+        skip = torch.tensor(list(skip_ids), dtype=targets.dtype, device=targets.device)
+        keep &= ~torch.isin(targets, skip)
     return keep.to(target_mask.dtype)
 
 
@@ -147,9 +150,10 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             demos: Sequence[Demo | TokenizedDemo], cfg: SFTConfig, *, seed: int = 0,
             on_step: Callable[[int, float], None] | None = None,
             progress: bool = True) -> SFTResult:
-    """Train `model` in place on `demos` for `cfg.epochs` epochs (AdamW, cosine decay), with
-    a progress bar (the demo's cold start is minutes of it). A `TokenizedDemo` is trained on
-    as given (rejection sampling's rollouts: their own token ids and loss mask).
+    """Train `model` in place, on the device it is on, on `demos` for `cfg.epochs` epochs
+    (AdamW, cosine decay), with a progress bar (the demo's cold start is minutes of it). A
+    `TokenizedDemo` is trained on as given (rejection sampling's rollouts: their own token ids
+    and loss mask).
 
     Raises FloatingPointError on a non-finite loss (a diverged cold start is not worth saving).
     """
