@@ -96,7 +96,11 @@ def test_dense_shards_on_two_nodes_equal_local_bit_for_bit(
 
 
 class _KillOnFirstShard:
-    """A progress bar that removes `node` (no grace) when the first shard comes back."""
+    """A progress bar that removes `node` (no grace) when the first shard comes back, and
+    returns once the cluster has seen it die: the shards still to submit then meet a dead
+    worker. Without the wait, on a loaded machine the node's worker could finish every shard
+    it held before its death took effect, and the stage never met it dead (seen once in CI
+    beside another job: the worker was not dropped)."""
 
     def __init__(self, cluster: Cluster, node: Any) -> None:
         self.cluster, self.node, self.count = cluster, node, 0
@@ -104,6 +108,10 @@ class _KillOnFirstShard:
     def update(self, n: int) -> None:
         if self.count == 0:
             self.cluster.remove_node(self.node, allow_graceful=False)
+            deadline = time.monotonic() + 120
+            while any(x["NodeID"] == self.node.node_id and x["Alive"] for x in ray.nodes()):
+                assert time.monotonic() < deadline, "the removed node never died"
+                time.sleep(0.2)
         self.count += n
 
 
@@ -126,8 +134,6 @@ def test_a_node_killed_mid_stage_its_shards_rerun_on_the_nodes_left(
         assert doomed.node_id not in engine.worker_nodes()
         assert len(engine.worker_nodes()) == 2  # the killed node's worker was dropped
     assert bar.count == N
-    while any(n["NodeID"] == doomed.node_id and n["Alive"] for n in ray.nodes()):
-        time.sleep(0.5)  # the next test's workers must not be placed on it
     assemble(cache, hashes, tmp_path / "emb.npy")
     assert np.load(tmp_path / "emb.npy").tobytes() == local_vectors
 
