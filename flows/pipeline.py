@@ -35,8 +35,12 @@ from typing import Any
 # Prefect waits 20 s for its temporary server by default; on a loaded 2-core machine (a test
 # run beside a build) it took longer, and the run died with a traceback before any stage.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+if __name__ == "__main__":  # the imports below take ~20 s on 2 cores: say so before them
+    print("searchrl: loading torch, transformers, DeepSpeed, Prefect and MLflow ...",
+          file=sys.stderr, flush=True)
 
 from prefect import flow
+from prefect.exceptions import TerminationSignal
 from prefect.settings import get_current_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,11 +132,32 @@ def main(argv: list[str] | None = None) -> int:
         load_config(args.config, args.overrides)  # a bad config fails before Prefect starts
         result = pipeline(config_path=args.config, overrides=args.overrides)
     except Exception as exc:  # Prefect has logged the failed run; the message is the fix
+        signum = termination_signal_in(exc)
+        if signum is not None:
+            print(f"stopped by signal {signum} while Prefect was starting a stage (the flow run "
+                  "is Failed, not Crashed); a re-run resumes from the completed stages",
+                  file=sys.stderr)
+            return 128 + signum
         return report_error(exc)
     decision = result["decision"]
     print(f"pipeline finished: {decision.label}; report {decision.report_html}\n"
           f"MLflow parent run {result['parent_run_id']} in {result['tracking_uri']}")
     return 0
+
+
+def termination_signal_in(exc: BaseException) -> int | None:
+    """The signal of a `TerminationSignal` in `exc`'s chain, else None. A SIGTERM that arrives
+    while Prefect creates a task run is raised by Prefect's handler inside that creation, and
+    Prefect's task engine then fails with another error ("Task run is not set") caused by it:
+    the run ends Failed and the signal never reaches `exit_on_sigterm`'s handler."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, TerminationSignal):
+            return int(current.signal)
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 if __name__ == "__main__":
