@@ -41,7 +41,8 @@ def runner() -> SuiteRunner:
         overrides_path=None, max_passage_chars=30, eval_requires_hops=True))
 
 
-@pytest.mark.parametrize("suite", ["corpus", "gold_qa"])
+@pytest.mark.parametrize("suite", [
+    "corpus", pytest.param("gold_qa", marks=pytest.mark.slow)])  # gold_qa ~13 s: CI's slow step
 def test_chunked_suite_equals_whole_frame(runner: SuiteRunner, suite: str) -> None:
     if suite == "corpus":
         rows = CORPUS_ROWS

@@ -157,6 +157,8 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, init_dir: Path
 # --- 1. kill -9 mid-step, then resume
 
 
+@pytest.mark.slow  # ~16 s (two trainer processes): CI's slow step; the checkpoint-write
+# kill below keeps a kill-and-resume in the default run
 def test_kill_mid_step_then_resume_equals_uninterrupted(
         tmp_path: Path, init_dir: Path, baseline: tuple[dict[str, Any], Path]) -> None:
     base, base_out = baseline

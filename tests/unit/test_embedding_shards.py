@@ -185,6 +185,7 @@ def test_kill_9_of_a_two_worker_build_leaves_no_worker_and_resumes(
     np.testing.assert_array_equal(embeddings(out), expected)
 
 
+@pytest.mark.slow  # ~11 s (two worker processes): CI's slow step
 def test_two_workers_give_the_vectors_of_one(
         reference: Reference, tmp_path: Path) -> None:
     rows, expected, _ = reference
