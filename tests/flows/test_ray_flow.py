@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("psutil")
@@ -99,12 +100,19 @@ def runs(prefect_harness: None, cluster: Cluster, tmp_path_factory: pytest.TempP
     engines = {"local": ["engine.kind=local"],
                "ray": ["engine.kind=ray", f"engine.address={cluster.address}"]}
     results: dict[str, Any] = {"ran": ran, "roots": roots}
+    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(RayEngine, "map", recording_map)
         for kind, root in roots.items():
             started = time.perf_counter()
-            results[kind] = pipeline(config_path="configs/tiny.yaml",
-                                     overrides=[*DENSE, *_workspace(root), *engines[kind]])
+            # The local flow embeds in this process: with one torch thread, as each Ray worker
+            # (on some CPUs float32 kernels round differently with another thread count).
+            torch.set_num_threads(1 if kind == "local" else threads)
+            try:
+                results[kind] = pipeline(config_path="configs/tiny.yaml",
+                                         overrides=[*DENSE, *_workspace(root), *engines[kind]])
+            finally:
+                torch.set_num_threads(threads)
             results[f"{kind}_s"] = time.perf_counter() - started
     return results
 
