@@ -159,7 +159,8 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if command == "generate-world":
-        from searchrl.data.synthetic import generate_world, write_world
+        from searchrl.data.synthetic import generate_world
+        from searchrl.data.world import write_world
 
         written = write_world(generate_world(config.data.synthetic),
                               args.out or StagePaths(config.run.work_dir).source_dir)

@@ -18,7 +18,8 @@ from searchrl.config import SyntheticWorldConfig
 from searchrl.contracts.overrides import OverridesError, load_overrides, merge_audit_decisions
 from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import read_qa
-from searchrl.data.synthetic import World, generate_world
+from searchrl.data.synthetic import generate_world
+from searchrl.data.world import World
 from searchrl.eval.audit import (
     GOLD_LIKELY_WRONG,
     GOLD_POSSIBLY_WRONG,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import PipelineConfig, SyntheticWorldConfig, load_config
-from searchrl.data.synthetic import World, generate_world
+from searchrl.data.synthetic import generate_world
+from searchrl.data.world import World
 from searchrl.eval.scripted import ScriptedSystem
 from searchrl.rl.rewards import exact_match
 from searchrl.train.cold_start import bm25_searcher

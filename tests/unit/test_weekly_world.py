@@ -12,7 +12,8 @@ import pytest
 
 from searchrl.config import load_config
 from searchrl.data.io import read_manifest
-from searchrl.data.synthetic import generate_world, write_world
+from searchrl.data.synthetic import generate_world
+from searchrl.data.world import write_world
 from searchrl.weekly import report
 from searchrl.weekly import world as wd
 

@@ -37,13 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.synthetic import (
-    _INDUSTRIES,
-    _ORG_KINDS,
-    _PROFESSIONS,
+from searchrl.data.world import (
+    INDUSTRIES,
+    ORG_KINDS,
+    PROFESSIONS,
     World,
-    _unique_names,
-    _word,
+    made_up_word,
+    unique_names,
 )
 from searchrl.types import Passage, QAExample
 
@@ -222,36 +222,37 @@ class _Candidate:
 def _build(cfg: SyntheticWorldConfig, rng: random.Random) -> ReadingWorld:
     world = ReadingWorld()
     taken: set[str] = set()
-    countries = _unique_names(rng, cfg.n_countries, lambda: _word(rng, 2) + "ia", taken)
-    cities = _unique_names(rng, cfg.n_cities, lambda: _word(rng, rng.choice([2, 3])), taken)
+    countries = unique_names(rng, cfg.n_countries, lambda: made_up_word(rng, 2) + "ia", taken)
+    cities = unique_names(rng, cfg.n_cities, lambda: made_up_word(rng, rng.choice([2, 3])), taken)
     for i, city in enumerate(cities):
         world.cities[city] = countries[i] if i < len(countries) else rng.choice(countries)
     for country in countries:
         world.capitals[country] = next(c for c, k in world.cities.items() if k == country)
-    names = _unique_names(
-        rng, cfg.n_people, lambda: f"{_word(rng, 2)} {_word(rng, rng.choice([2, 3]))}", taken)
-    aliases = iter(_unique_names(rng, cfg.n_people + cfg.n_organisations,
-                                 lambda: _word(rng, 2), taken))
+    names = unique_names(
+        rng, cfg.n_people,
+        lambda: f"{made_up_word(rng, 2)} {made_up_word(rng, rng.choice([2, 3]))}", taken)
+    aliases = iter(unique_names(rng, cfg.n_people + cfg.n_organisations,
+                                 lambda: made_up_word(rng, 2), taken))
     for name in names:
-        world.persons.append(Person(name, rng.choice(_PROFESSIONS), rng.choice(cities),
+        world.persons.append(Person(name, rng.choice(PROFESSIONS), rng.choice(cities),
                                     rng.randint(1700, 1980),
                                     alias=next(aliases) if rng.random() < 0.25 else None))
     # Namesakes: one person in eight gets a twin of another profession.
     for person in list(world.persons):
         if rng.random() < 0.125:
             person.namesake = True
-            other = rng.choice([p for p in _PROFESSIONS if p != person.profession])
+            other = rng.choice([p for p in PROFESSIONS if p != person.profession])
             world.persons.append(Person(person.name, other, rng.choice(cities),
                                         rng.randint(1700, 1980), namesake=True))
-    org_names = _unique_names(rng, cfg.n_organisations,
-                              lambda: f"{_word(rng, 2)} {rng.choice(_ORG_KINDS)}", taken)
+    org_names = unique_names(rng, cfg.n_organisations,
+                              lambda: f"{made_up_word(rng, 2)} {rng.choice(ORG_KINDS)}", taken)
     founders = rng.sample(range(len(world.persons)), k=min(len(org_names), len(world.persons)))
     for org_name, founder in zip(org_names, founders, strict=False):
         # Founded 20-60 years after its founder's birth.
         world.organisations.append(Org(
             org_name, founder, rng.choice(cities),
             world.persons[founder].year + rng.randint(20, 60),
-            rng.choice(_INDUSTRIES), alias=next(aliases) if rng.random() < 0.3 else None,
+            rng.choice(INDUSTRIES), alias=next(aliases) if rng.random() < 0.3 else None,
             founder_by_alias=world.persons[founder].alias is not None and rng.random() < 0.7,
             founder_year_here=rng.random() < 0.4))
     world.country_in_person_passage = {i for i in range(len(world.persons))

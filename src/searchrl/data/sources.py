@@ -25,7 +25,8 @@ from searchrl.data.io import (
     read_raw_qa_rows_lenient,
     write_jsonl,
 )
-from searchrl.data.synthetic import generate_world, write_world
+from searchrl.data.synthetic import generate_world
+from searchrl.data.world import write_world
 from searchrl.paths import safe_filename
 
 

@@ -19,23 +19,19 @@ birth city), so recalling frequent answers is a shortcut this world does not rul
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.io import write_jsonl
+from searchrl.data.reading_world import generate_reading_world
+from searchrl.data.world import (
+    INDUSTRIES,
+    ORG_KINDS,
+    PROFESSIONS,
+    World,
+    made_up_word,
+    unique_names,
+)
 from searchrl.types import Passage, QAExample
 
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr",
-           "gr", "kr", "tr", "vr", "sk", "st", "th", "sh", "ch"]
-_VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou", "ia"]
-_CODAS = ["", "", "n", "r", "l", "s", "m", "th", "x", "nd", "rk"]
-_PROFESSIONS = ["painter", "engineer", "botanist", "composer", "cartographer", "sculptor",
-                "physician", "novelist", "astronomer", "architect"]
-_INDUSTRIES = ["shipbuilding", "textiles", "printing", "glassworks", "software", "mining",
-               "publishing", "brewing", "aviation", "pharmaceuticals"]
-_ORG_KINDS = ("Works", "Guild", "Company", "Institute")
 SYNTHETIC_TYPES = (
     "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
     "person_birth_country", "org_founder_birth_city", "org_hq_country",
@@ -43,54 +39,28 @@ SYNTHETIC_TYPES = (
 )
 
 
-def _word(rng: random.Random, syllables: int) -> str:
-    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
-    return ("".join(parts) + rng.choice(_CODAS)).capitalize()
-
-
-def _unique_names(
-    rng: random.Random, n: int, make: Callable[[], str], taken: set[str]
-) -> list[str]:
-    names: list[str] = []
-    while len(names) < n:
-        name = make()
-        if name not in taken:
-            taken.add(name)
-            names.append(name)
-    return names
-
-
-@dataclass
-class World:
-    people: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> born_in, profession
-    cities: dict[str, str] = field(default_factory=dict)  # city -> country
-    capitals: dict[str, str] = field(default_factory=dict)  # country -> capital city
-    orgs: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> founder, hq, industry
-    split_of: dict[str, str] = field(default_factory=dict)  # anchor entity -> split
-    passages: list[Passage] = field(default_factory=list)
-    doc_of: dict[str, str] = field(default_factory=dict)  # entity -> its passage id
-    splits: dict[str, list[QAExample]] = field(default_factory=dict)
-
-
 def _build_entities(cfg: SyntheticWorldConfig, rng: random.Random) -> World:
     world = World()
     taken: set[str] = set()
-    countries = _unique_names(rng, cfg.n_countries, lambda: _word(rng, 2) + "ia", taken)
-    cities = _unique_names(rng, cfg.n_cities, lambda: _word(rng, rng.choice([2, 3])), taken)
+    countries = unique_names(rng, cfg.n_countries, lambda: made_up_word(rng, 2) + "ia", taken)
+    cities = unique_names(rng, cfg.n_cities, lambda: made_up_word(rng, rng.choice([2, 3])), taken)
     for i, city in enumerate(cities):
         # Round-robin first so every country has a city (its capital), then random.
         world.cities[city] = countries[i] if i < len(countries) else rng.choice(countries)
     for country in countries:
         world.capitals[country] = next(c for c, k in world.cities.items() if k == country)
-    people = _unique_names(
-        rng, cfg.n_people, lambda: f"{_word(rng, 2)} {_word(rng, rng.choice([2, 3]))}", taken
+    people = unique_names(
+        rng,
+        cfg.n_people,
+        lambda: f"{made_up_word(rng, 2)} {made_up_word(rng, rng.choice([2, 3]))}",
+        taken,
     )
     for person in people:
         world.people[person] = {"born_in": rng.choice(cities),
-                                "profession": rng.choice(_PROFESSIONS)}
-    orgs = _unique_names(
+                                "profession": rng.choice(PROFESSIONS)}
+    orgs = unique_names(
         rng, cfg.n_organisations,
-        lambda: f"{_word(rng, 2)} {rng.choice(_ORG_KINDS)}",
+        lambda: f"{made_up_word(rng, 2)} {rng.choice(ORG_KINDS)}",
         taken,
     )
     # Split anchors: each organisation takes a founder that no other organisation has, and the
@@ -100,7 +70,7 @@ def _build_entities(cfg: SyntheticWorldConfig, rng: random.Random) -> World:
     weights = (cfg.n_train, cfg.n_dev, cfg.n_test)
     for org, founder in zip(orgs, founders, strict=False):
         world.orgs[org] = {"founder": founder, "hq": rng.choice(cities),
-                           "industry": rng.choice(_INDUSTRIES)}
+                           "industry": rng.choice(INDUSTRIES)}
         split = rng.choices(splits, weights=weights)[0]
         world.split_of[org] = split
         world.split_of[founder] = split
@@ -138,11 +108,11 @@ def _render_passages(world: World, cfg: SyntheticWorldConfig, rng: random.Random
             first, last = person.split(" ", 1)
             twin = f"{first} {last}son"
             other = rng.choice([c for c in cities if c != facts["born_in"]])
-            add(None, twin, f"{twin} is a {rng.choice(_PROFESSIONS)}. {twin} was born in {other}.")
+            add(None, twin, f"{twin} is a {rng.choice(PROFESSIONS)}. {twin} was born in {other}.")
         for org, facts in world.orgs.items():
             twin = _org_twin(org, taken_titles, rng)
             other = rng.choice([c for c in cities if c != facts["hq"]])
-            add(None, twin, f"{twin} is a {rng.choice(_INDUSTRIES)} organisation. "
+            add(None, twin, f"{twin} is a {rng.choice(INDUSTRIES)} organisation. "
                             f"It is headquartered in {other}.")
 
 
@@ -152,14 +122,14 @@ def _org_twin(org: str, taken: set[str], rng: random.Random) -> str:
     Company" holds every query word of "Vodrond Company" in a shorter passage, so BM25 ranked
     it above the organisation's own passage for every organisation (issue 25)."""
     word, kind = org.rsplit(" ", 1)
-    kinds = [k for k in _ORG_KINDS if k != kind]
+    kinds = [k for k in ORG_KINDS if k != kind]
     rng.shuffle(kinds)
     for twin in [f"{word} {k}" for k in kinds] + [f"{word}son {kind}"]:
         if twin not in taken:
             taken.add(twin)
             return twin
     raise ValueError(f"synthetic world: no free distractor title for organisation {org!r} "
-                     f"(each organisation has {len(_ORG_KINDS)}); lower "
+                     f"(each organisation has {len(ORG_KINDS)}); lower "
                      "data.synthetic.distractors_per_entity")
 
 
@@ -221,22 +191,9 @@ def generate_world(cfg: SyntheticWorldConfig) -> World:
     """Build the world of `cfg.profile` (`reading`: data/reading_world.py), its corpus and its
     splits; the same config always gives the same output."""
     if cfg.profile == "reading":
-        from searchrl.data.reading_world import generate_reading_world  # it imports this module
-
         return generate_reading_world(cfg)
     rng = random.Random(cfg.seed)
     world = _build_entities(cfg, rng)
     _render_passages(world, cfg, rng)
     _make_splits(world, cfg, rng)
     return world
-
-
-def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
-    """Write corpus.jsonl and {train,dev,test}.jsonl with manifests; return split -> path."""
-    out = Path(out_dir)
-    paths = {"corpus": out / "corpus.jsonl"}
-    write_jsonl(paths["corpus"], world.passages)
-    for split, rows in world.splits.items():
-        paths[split] = out / f"{split}.jsonl"
-        write_jsonl(paths[split], rows)
-    return paths

@@ -1,0 +1,63 @@
+"""What every synthetic world is made of: the World record, the made-up names its entities get,
+and the writer of its corpus and splits. The `classic` (data/synthetic.py) and `reading`
+(data/reading_world.py) generators both build on it, so neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from searchrl.data.io import write_jsonl
+from searchrl.types import Passage, QAExample
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr",
+           "gr", "kr", "tr", "vr", "sk", "st", "th", "sh", "ch"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou", "ia"]
+_CODAS = ["", "", "n", "r", "l", "s", "m", "th", "x", "nd", "rk"]
+PROFESSIONS = ["painter", "engineer", "botanist", "composer", "cartographer", "sculptor",
+                "physician", "novelist", "astronomer", "architect"]
+INDUSTRIES = ["shipbuilding", "textiles", "printing", "glassworks", "software", "mining",
+               "publishing", "brewing", "aviation", "pharmaceuticals"]
+ORG_KINDS = ("Works", "Guild", "Company", "Institute")
+
+def made_up_word(rng: random.Random, syllables: int) -> str:
+    parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
+    return ("".join(parts) + rng.choice(_CODAS)).capitalize()
+
+
+def unique_names(
+    rng: random.Random, n: int, make: Callable[[], str], taken: set[str]
+) -> list[str]:
+    names: list[str] = []
+    while len(names) < n:
+        name = make()
+        if name not in taken:
+            taken.add(name)
+            names.append(name)
+    return names
+
+
+@dataclass
+class World:
+    people: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> born_in, profession
+    cities: dict[str, str] = field(default_factory=dict)  # city -> country
+    capitals: dict[str, str] = field(default_factory=dict)  # country -> capital city
+    orgs: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> founder, hq, industry
+    split_of: dict[str, str] = field(default_factory=dict)  # anchor entity -> split
+    passages: list[Passage] = field(default_factory=list)
+    doc_of: dict[str, str] = field(default_factory=dict)  # entity -> its passage id
+    splits: dict[str, list[QAExample]] = field(default_factory=dict)
+
+
+def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
+    """Write corpus.jsonl and {train,dev,test}.jsonl with manifests; return split -> path."""
+    out = Path(out_dir)
+    paths = {"corpus": out / "corpus.jsonl"}
+    write_jsonl(paths["corpus"], world.passages)
+    for split, rows in world.splits.items():
+        paths[split] = out / f"{split}.jsonl"
+        write_jsonl(paths[split], rows)
+    return paths
