@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from searchrl.config import PipelineConfig
 from searchrl.eval.baselines import TRAINED, plan_systems
+from searchrl.generation.factory import load_policy_on_device
 from searchrl.models.tiny import load_policy
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
@@ -187,7 +188,7 @@ def test_the_policy_is_loaded_once_and_the_sampled_model_is_the_one_fine_tuned(
     trained: list[Any] = []
 
     def load(*args: Any, **kwargs: Any) -> Any:
-        loaded.append(load_policy(*args, **kwargs))
+        loaded.append(load_policy_on_device(*args, **kwargs))
         return loaded[-1]
 
     def generator(config: Any, **kwargs: Any) -> Any:
@@ -204,7 +205,7 @@ def test_the_policy_is_loaded_once_and_the_sampled_model_is_the_one_fine_tuned(
         return run_sft(model, *args, **kwargs)
 
     run_sft = rejection.run_sft
-    monkeypatch.setattr(rejection, "load_policy", load)
+    monkeypatch.setattr(rejection, "load_policy_on_device", load)
     monkeypatch.setattr(rejection, "make_generator", generator)
     monkeypatch.setattr(rejection, "run_rollouts", rollouts)
     monkeypatch.setattr(rejection, "run_sft", sft)

@@ -50,14 +50,23 @@ def make_generator(config: PipelineConfig, *, policy_dir: str | Path | None = No
     if model is None:
         if policy_dir is None:
             raise ValueError("make_generator needs policy_dir or model")
-        from searchrl.models.tiny import load_policy
-
-        model, tokenizer = load_policy(policy_dir, config.model.dtype)
+        model, tokenizer = load_policy_on_device(config, policy_dir)
         model.train(False)
     model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is wrong
     if tokenizer is None:
         raise ValueError("make_generator: a live model needs its tokenizer")
     return HFGenerator(model, tokenizer, device=device)
+
+
+def load_policy_on_device(config: PipelineConfig, policy_dir: str | Path
+                          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy saved in `policy_dir`, in `model.dtype`, on `run.device`: how the trainer,
+    rejection sampling and the hf generator each load one."""
+    from searchrl.models.tiny import load_policy
+
+    model, tokenizer = load_policy(policy_dir, config.model.dtype)
+    model.to(torch.device(resolve_device(config.run.device)))  # type: ignore[arg-type]
+    return model, tokenizer
 
 
 def resolve_device(device: str) -> str:

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig, inputs_of
 from searchrl.data.io import (
@@ -42,8 +40,7 @@ from searchrl.data.io import (
     records_fingerprint,
     write_jsonl,
 )
-from searchrl.generation.factory import make_generator, resolve_device
-from searchrl.models.tiny import load_policy
+from searchrl.generation.factory import load_policy_on_device, make_generator
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import run_rollouts
@@ -221,8 +218,7 @@ def _build(config: PipelineConfig, questions: Sequence[QAExample], sft_dir: Path
     fresh = [q for q in chosen if q.id not in covered_ids]
     # Loaded once: the hf backend samples with this model, which is then fine-tuned, both on
     # run.device.
-    model, tokenizer = load_policy(sft_dir, config.model.dtype)
-    model.to(torch.device(resolve_device(config.run.device)))  # type: ignore[arg-type]
+    model, tokenizer = load_policy_on_device(config, sft_dir)
     if fresh:
         model.train(False)
         generator = make_generator(config, policy_dir=sft_dir, model=model, tokenizer=tokenizer)

@@ -12,13 +12,11 @@ import logging
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel
 
 from searchrl.config import PipelineConfig
 from searchrl.curriculum.difficulty import RefillingSampler
-from searchrl.generation.factory import resolve_device
-from searchrl.models.tiny import load_policy
+from searchrl.generation.factory import load_policy_on_device, resolve_device
 from searchrl.retrieval.base import Searcher
 from searchrl.sinks import MetricsSink, NullSink
 from searchrl.train import ds, selection
@@ -47,8 +45,7 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
     device = resolve_device(config.run.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.run.seed)
-    model, tokenizer = load_policy(init_dir, config.model.dtype)
-    model.to(torch.device(device))  # type: ignore[arg-type]
+    model, tokenizer = load_policy_on_device(config, init_dir)
     ref = frozen_copy(model) if tcfg.kl_coef != 0.0 else None
     if tcfg.zero_stage == 3 and rcfg.backend == "hf":
         raise TrainingError("train.zero_stage=3 partitions the weights the hf rollout backend "
