@@ -65,8 +65,8 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     seed_everything(config.run.seed)
     demos = _demonstrations(config, train_examples, passages, searcher, sink) if cfg.enabled else []
     corpus_texts = [p.contents for p in passages] + [d.text for d in demos]
-    model, tokenizer = init_policy(config.model, corpus_texts, seed=config.run.seed)
     device = resolve_device(config.run.device)
+    model, tokenizer = init_policy(config.model, corpus_texts, seed=config.run.seed)
     if demos:
         model.to(torch.device(device))  # type: ignore[arg-type]  # SFT on run.device
         result = run_sft(model, tokenizer, demos, cfg, seed=config.run.seed,

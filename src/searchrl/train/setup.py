@@ -42,10 +42,10 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
     (another run's are moved aside). `trainer_code`: the trainer's `code_fingerprint`, part
     of the run identity a checkpoint must match."""
     tcfg, rcfg = config.train, config.rollout
-    device = resolve_device(config.run.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.run.seed)
     model, tokenizer = load_policy_on_device(config, init_dir)
+    device = resolve_device(config.run.device)
     ref = frozen_copy(model) if tcfg.kl_coef != 0.0 else None
     if tcfg.zero_stage == 3 and rcfg.backend == "hf":
         raise TrainingError("train.zero_stage=3 partitions the weights the hf rollout backend "
