@@ -467,9 +467,9 @@ def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     launch = config.train.launch
     train_path = Path(curriculum.train_path if curriculum else dataset.paths["train"])
     sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
+    start = champion_start(config, out_dir)  # refused before a searcher is started
     searcher = searchers.searcher(index.index_dir)
     dev = dataset.paths.get("dev")
-    start = champion_start(config, out_dir)
     result = train_policy_run(config, train_path, Path(dataset.corpus_path), searcher,
                               out_dir, sft_train_path=Path(dataset.paths["train"]),
                               dev_path=Path(dev) if dev else None, sink=sink, init_dir=start)
