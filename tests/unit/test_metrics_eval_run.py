@@ -112,6 +112,19 @@ def test_plan_systems_skips_what_cannot_run_with_a_note() -> None:
     assert notes == []
 
 
+def test_with_sft_off_the_base_model_is_never_evaluated_as_sft() -> None:
+    # A pretrained model without SFT: the cold start the trainer records is the base model
+    # unchanged; as `sft` it would be reported as fine-tuned and taken by comparison_baseline=best.
+    cfg = PipelineConfig.model_validate({"model": {"kind": "pretrained", "name_or_path": "B"},
+                                         "train": {"sft": {"enabled": False}}})
+    specs, notes = plan_systems(("no_search", "sft", "base_agentic"), policy_dir="P",
+                                sft_dir="S", champion_dir=None, config=cfg)
+    assert [(s.name, s.policy) for s in specs] == [("no_search", "S"), ("base_agentic", "B"),
+                                                   (TRAINED, "P")]
+    assert "base model (SFT off)" in specs[0].description
+    assert len(notes) == 1 and "train.sft.enabled=false" in notes[0] and "base_agentic" in notes[0]
+
+
 def _retrieved(trajectories: Path) -> set[str]:
     """Every doc id any turn retrieved (`retrieved_doc_ids` is one list per search)."""
     return {d for line in trajectories.read_text().splitlines() if line.strip()

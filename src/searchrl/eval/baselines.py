@@ -75,10 +75,18 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
                 notes.append(f"baseline {name} skipped: the training stage recorded no SFT "
                              "policy (train.sft.enabled=false)")
                 continue
+            # With SFT off the cold start is the base model saved unchanged: evaluated as
+            # `sft` it would be reported as fine-tuned and could be chosen as the gate's
+            # strongest learned comparator. base_agentic is that system, honestly named.
+            if name == "sft" and not config.train.sft.enabled:
+                notes.append("baseline sft skipped: train.sft.enabled=false, so the cold start "
+                             "is the base model unchanged (evaluate it as base_agentic)")
+                continue
+            start = "SFT policy" if config.train.sft.enabled else "base model (SFT off)"
             mode: Mode = "agentic" if name == "sft" else name  # type: ignore[assignment]
             desc = {"sft": "SFT start, agentic loop (not RL-trained)",
-                    "no_search": "SFT policy, direct answer without retrieval",
-                    "retrieve_once": "SFT policy, top-k passages once, then answer"}[name]
+                    "no_search": f"{start}, direct answer without retrieval",
+                    "retrieve_once": f"{start}, top-k passages once, then answer"}[name]
             specs.append(SystemSpec(name, sft_dir, mode, desc))
         elif name == "rejection_sampling":
             if rs_dir is None:

@@ -107,8 +107,10 @@ SFT_FAMILY = ("sft", REJECTION_SAMPLING)
 # The decision box lists the systems in this order (any other evaluated system after them).
 DISPLAY_ORDER = ("no_search", "retrieve_once", SCRIPTED, "sft", REJECTION_SAMPLING, TRAINED,
                  CHAMPION, FRONTIER)
-SYSTEM_ROLES = {"no_search": "SFT policy, answers without retrieval",
-                "retrieve_once": "SFT policy, top-k passages once, then answers",
+SYSTEM_ROLES = {"no_search": "cold start (SFT policy, or the base model with SFT off), answers "
+                             "without retrieval",
+                "retrieve_once": "cold start (SFT policy, or the base model with SFT off), top-k "
+                                 "passages once, then answers",
                 SCRIPTED: "fixed regex + retriever program, no learning",
                 "sft": "fine-tuned on demonstrations, no RL",
                 REJECTION_SAMPLING: "fine-tuned on its own correct samples, no RL",
