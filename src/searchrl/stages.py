@@ -325,7 +325,7 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
 
     Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), best_policy/
     (train.keep_best), checkpoints/, metrics.jsonl, curve.png, and under
-    train.rejection_sampling rejection_sampling/ (a comparator, built first, in this process:
+    train.rejection_sampling rejection_sampling/ (a comparator, built after GRPO, in this process:
     `_rejection_sampling`). A re-run after a crash resumes from the newest checkpoint. The
     reference's `policy_dir` is the selected policy (the best dev evaluation under
     train.keep_best, else the last step's); it records both.
@@ -340,41 +340,49 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
         with checkpoint_dir_lock(out_dir / CHECKPOINTS):
             _begin(out_dir)
             fetch_champion_start(config, out_dir, sink.tracking_uri)
-            rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
-            # run_training times itself from here on: the RS build is not GRPO's cost.
             ref = run_training(config, dataset, index, curriculum, sink, searchers=searchers)
-            return ref if rs is None else _finish(_with_rs(ref, rs), out_dir)
+            return _with_comparator(config, ref, dataset, index, curriculum, sink, searchers)
     with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
         _begin(out_dir)
         fetch_champion_start(config, out_dir, sink.tracking_uri)
-        rs_started = time.perf_counter()
-        rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
-        rs_wall = time.perf_counter() - rs_started
     # The ranks search through the flow's managed server (plain clients: no restarts there).
     searchers_for(config, searchers).ensure_service()
     launch_ranks(config, out_dir, mlflow_run_id=sink.run_id, tracking_uri=sink.tracking_uri)
     ranks_ref = read_ref(CheckpointRef, out_dir, "train")
-    # the stage's wall time includes starting the ranks, not the RS build (its own cost)
-    seconds = time.perf_counter() - started - rs_wall + ranks_ref.earlier_attempts_seconds
+    # the stage's wall time includes starting the ranks
+    seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
     ref = dataclasses.replace(ranks_ref, seconds=seconds)
-    return _finish(ref if rs is None else _with_rs(ref, rs), out_dir)
+    with checkpoint_dir_lock(out_dir / CHECKPOINTS):
+        return _with_comparator(config, ref, dataset, index, curriculum, sink, searchers)
+
+
+def _with_comparator(config: PipelineConfig, ref: CheckpointRef, dataset: DatasetRef,
+                     index: IndexRef, curriculum: CurriculumRef | None, sink: MetricsSink,
+                     searchers: SearcherProvider | None) -> CheckpointRef:
+    """The stage's reference, with the rejection-sampling comparator (train.rejection_sampling)
+    built after GRPO: in deepspeed mode its generator and fine-tuning never hold the stage's
+    device while the ranks start, and its time is its own. Until it is built the stage is not
+    complete: the reference the training wrote is withdrawn, and written again with it."""
+    if not config.train.rejection_sampling.enabled:
+        return _finish(ref, StagePaths(config.run.work_dir).train_dir)
+    out_dir = StagePaths(config.run.work_dir).train_dir
+    _begin(out_dir)  # withdraws the training's ref.json until the comparator is built too
+    rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
+    return _finish(_with_rs(ref, rs), out_dir)
 
 
 def _rejection_sampling(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
                         curriculum: CurriculumRef | None, sink: MetricsSink,
-                        searchers: SearcherProvider | None) -> RejectionSamplingResult | None:
-    """train.rejection_sampling: the RS comparator under `train_policy/rejection_sampling`,
-    built (or reused: its own key) before training, on the stage's process, and its figures
-    logged; None when disabled.
+                        searchers: SearcherProvider | None) -> RejectionSamplingResult:
+    """The RS comparator under `train_policy/rejection_sampling`, built (or reused: its own
+    key) on the stage's process, and its figures logged.
 
     Here rather than in the ranks: no rank waits on it, so its minutes at scale hold no
     collective, and its time is measured apart from GRPO's. It fine-tunes the cold start the
     curriculum stage made (vouched for by that stage's reference) and reuses its samples;
-    without a curriculum stage the cold start is made here, by the one function that makes
-    it, and the trainer then finds it (same key).
+    without a curriculum stage it finds the cold start the trainer made (same key), or makes
+    it by the one function that makes it (train.init=champion trains from the champion).
     """
-    if not config.train.rejection_sampling.enabled:
-        return None
     train_dir = StagePaths(config.run.work_dir).train_dir
     searcher = searchers_for(config, searchers).searcher(index.index_dir)
     sft_dir = train_dir / "sft"

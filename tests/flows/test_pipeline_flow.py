@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from flows.pipeline import pipeline
-from searchrl import codehash
+from searchrl import codehash, stages
+from searchrl.stages import REF_FILE
 from searchrl.tracking import child_runs
 from searchrl.train.cold_start import SFT_STATS_FILE
 
@@ -122,3 +123,31 @@ def test_a_second_checkout_runs_its_own_stages(
                       overrides=[*relative, "run.work_dir=runs/t"])
     assert _stages_run(second) == STAGES
     assert Path(second["dataset"].corpus_path).is_relative_to(second_checkout)
+
+
+@pytest.mark.slow  # a pipeline of its own, run twice (~1 min): CI's slow run
+def test_a_comparator_failing_after_grpo_leaves_the_train_stage_incomplete_then_resumes(
+        prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rejection-sampling comparator is built after GRPO: until it is, the stage's ref.json
+    # (which marks it complete) is not on disk, so nothing downstream reads a reference
+    # without it; the rerun resumes the finished training and builds it.
+    overrides = [*FAST, f"run.work_dir={tmp_path / 'work'}",
+                 f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    train_dir = tmp_path / "work" / "train_policy"
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        assert (train_dir / "policy").is_dir()  # GRPO has finished by now
+        raise RuntimeError("the comparator broke")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stages, "build_rejection_sampling", broken)
+        state = pipeline(config_path="configs/tiny.yaml", overrides=overrides,
+                         return_state=True)
+    assert state.is_failed()
+    assert "the comparator broke" in repr(state.result(raise_on_failure=False))
+    assert (train_dir / "policy").is_dir() and not (train_dir / REF_FILE).exists()
+    assert not (tmp_path / "work" / "evaluate_policy" / "results.json").exists()
+    result = pipeline(config_path="configs/tiny.yaml", overrides=overrides)
+    checkpoint = result["checkpoint"]
+    assert checkpoint.rs_dir and Path(checkpoint.rs_dir).is_dir()
+    assert json.loads((train_dir / REF_FILE).read_text())["rs_dir"] == checkpoint.rs_dir

@@ -64,8 +64,9 @@ def load_policy_on_device(config: PipelineConfig, policy_dir: str | Path
     rejection sampling and the hf generator each load one."""
     from searchrl.models.tiny import load_policy
 
+    device = torch.device(resolve_device(config.run.device))
     model, tokenizer = load_policy(policy_dir, config.model.dtype)
-    model.to(torch.device(resolve_device(config.run.device)))  # type: ignore[arg-type]
+    model.to(device)  # type: ignore[arg-type]
     return model, tokenizer
 
 

@@ -44,8 +44,8 @@ def setup_trainer(config: PipelineConfig, train_examples: Sequence[QAExample],
     tcfg, rcfg = config.train, config.rollout
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.run.seed)
-    model, tokenizer = load_policy_on_device(config, init_dir)
     device = resolve_device(config.run.device)
+    model, tokenizer = load_policy_on_device(config, init_dir)
     ref = frozen_copy(model) if tcfg.kl_coef != 0.0 else None
     if tcfg.zero_stage == 3 and rcfg.backend == "hf":
         raise TrainingError("train.zero_stage=3 partitions the weights the hf rollout backend "
