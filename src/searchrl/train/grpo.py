@@ -270,6 +270,9 @@ def step_advantages(state: TrainerState, rollouts: Rollouts
     """Group-relative advantages of the groups to learn from, and the step's rollout metrics
     over every record (averaged over ranks)."""
     group, tcfg = state.config.rollout.group_size, state.config.train
+    rewards = torch.tensor([r.reward for r in rollouts.records], dtype=torch.float32)
+    advantages = (group_advantages(rewards, group, std_normalize=tcfg.std_normalize)
+                  if rollouts.records else rewards)
     stats = advantage_stats(torch.tensor([r.reward for r in rollouts.all_records]), group)
     metrics = rollout_metrics(rollouts.all_records) | {
         "reward_mean": stats.reward_mean, "reward_std": stats.reward_std,
@@ -279,9 +282,6 @@ def step_advantages(state: TrainerState, rollouts: Rollouts
         keys = sorted(metrics)
         means = ds.all_reduce([metrics[k] for k in keys])
         metrics = {k: v / state.n_ranks for k, v in zip(keys, means, strict=True)}
-    rewards = torch.tensor([r.reward for r in rollouts.records], dtype=torch.float32)
-    advantages = (group_advantages(rewards, group, std_normalize=tcfg.std_normalize)
-                  if rollouts.records else rewards)
     return advantages, metrics | rollouts.metrics
 
 
