@@ -232,7 +232,7 @@ def _build(cfg: SyntheticWorldConfig, rng: random.Random) -> ReadingWorld:
         rng, cfg.n_people,
         lambda: f"{made_up_word(rng, 2)} {made_up_word(rng, rng.choice([2, 3]))}", taken)
     aliases = iter(unique_names(rng, cfg.n_people + cfg.n_organisations,
-                                 lambda: made_up_word(rng, 2), taken))
+                                lambda: made_up_word(rng, 2), taken))
     for name in names:
         world.persons.append(Person(name, rng.choice(PROFESSIONS), rng.choice(cities),
                                     rng.randint(1700, 1980),
@@ -245,7 +245,7 @@ def _build(cfg: SyntheticWorldConfig, rng: random.Random) -> ReadingWorld:
             world.persons.append(Person(person.name, other, rng.choice(cities),
                                         rng.randint(1700, 1980), namesake=True))
     org_names = unique_names(rng, cfg.n_organisations,
-                              lambda: f"{made_up_word(rng, 2)} {rng.choice(ORG_KINDS)}", taken)
+                             lambda: f"{made_up_word(rng, 2)} {rng.choice(ORG_KINDS)}", taken)
     founders = rng.sample(range(len(world.persons)), k=min(len(org_names), len(world.persons)))
     for org_name, founder in zip(org_names, founders, strict=False):
         # Founded 20-60 years after its founder's birth.

@@ -18,12 +18,14 @@ _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou", "ia"]
 _CODAS = ["", "", "n", "r", "l", "s", "m", "th", "x", "nd", "rk"]
 PROFESSIONS = ["painter", "engineer", "botanist", "composer", "cartographer", "sculptor",
-                "physician", "novelist", "astronomer", "architect"]
+               "physician", "novelist", "astronomer", "architect"]
 INDUSTRIES = ["shipbuilding", "textiles", "printing", "glassworks", "software", "mining",
-               "publishing", "brewing", "aviation", "pharmaceuticals"]
+              "publishing", "brewing", "aviation", "pharmaceuticals"]
 ORG_KINDS = ("Works", "Guild", "Company", "Institute")
 
+
 def made_up_word(rng: random.Random, syllables: int) -> str:
+    """A pronounceable name that is no real word: facts about it exist only in the corpus."""
     parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
     return ("".join(parts) + rng.choice(_CODAS)).capitalize()
 
@@ -31,6 +33,7 @@ def made_up_word(rng: random.Random, syllables: int) -> str:
 def unique_names(
     rng: random.Random, n: int, make: Callable[[], str], taken: set[str]
 ) -> list[str]:
+    """`n` names from `make` that no entity of the world has yet (recorded in `taken`)."""
     names: list[str] = []
     while len(names) < n:
         name = make()
