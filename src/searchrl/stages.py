@@ -352,7 +352,7 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     # the stage's wall time includes starting the ranks
     seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
     ref = dataclasses.replace(ranks_ref, seconds=seconds)
-    with checkpoint_dir_lock(out_dir / CHECKPOINTS):
+    with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # the ranks have let it go
         return _with_comparator(config, ref, dataset, index, curriculum, sink, searchers)
 
 
@@ -363,9 +363,9 @@ def _with_comparator(config: PipelineConfig, ref: CheckpointRef, dataset: Datase
     built after GRPO: in deepspeed mode its generator and fine-tuning never hold the stage's
     device while the ranks start, and its time is its own. Until it is built the stage is not
     complete: the reference the training wrote is withdrawn, and written again with it."""
-    if not config.train.rejection_sampling.enabled:
-        return _finish(ref, StagePaths(config.run.work_dir).train_dir)
     out_dir = StagePaths(config.run.work_dir).train_dir
+    if not config.train.rejection_sampling.enabled:
+        return _finish(ref, out_dir)
     _begin(out_dir)  # withdraws the training's ref.json until the comparator is built too
     rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
     return _finish(_with_rs(ref, rs), out_dir)
