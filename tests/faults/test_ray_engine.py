@@ -41,7 +41,11 @@ from tests.helpers import save_tiny_policy  # noqa: E402
 from tests.unit.test_embedding_shards import CONFIG, make_corpus, texts_of  # noqa: E402
 from tests.unit.test_metrics_eval_run import DOCS, EXAMPLES, _config  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One torch thread in this process, as each Ray worker runs (`engine.worker_cpus=1`): on some
+# CPUs float32 kernels round differently with another thread count (a CI machine: last-bit
+# differences against this process's two threads; equal on this one), and what is compared
+# here is the sharding and assembly, not the kernels.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 N = 240  # 10 shards of 24
 
 
@@ -76,21 +80,11 @@ def _engine(cluster: Cluster, **more: Any) -> EngineConfig:
 
 
 @pytest.fixture(scope="module")
-def local_vectors(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """The corpus embedded in this process with one torch thread, as each Ray worker runs
-    (`engine.worker_cpus=1`): on some CPUs float32 kernels round differently with another
-    thread count (a CI machine: last-bit differences against this process's two threads;
-    equal on this one), and what is claimed here is the sharding and assembly, not BLAS."""
-    import torch
-
+def local_vectors(one_torch_thread: None, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The corpus embedded in this process, with one torch thread as the module's tests."""
     root = tmp_path_factory.mktemp("local")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        embed_corpus(texts_of(make_corpus(N)), EmbeddingCache(root / "cache", CONFIG), CONFIG,
-                     root / "emb.npy", progress=False)
-    finally:
-        torch.set_num_threads(before)
+    embed_corpus(texts_of(make_corpus(N)), EmbeddingCache(root / "cache", CONFIG), CONFIG,
+                 root / "emb.npy", progress=False)
     return np.load(root / "emb.npy").tobytes()
 
 

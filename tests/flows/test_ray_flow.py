@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("psutil")
@@ -84,10 +83,12 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def runs(prefect_harness: None, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-         ) -> dict[str, Any]:
+def runs(prefect_harness: None, one_torch_thread: None, cluster: Cluster,
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The flow run locally, then on the cluster in a work dir of its own; what the Ray
-    engine ran (function, items, the nodes of its workers)."""
+    engine ran (function, items, the nodes of its workers). Both in-process with one torch
+    thread, as each Ray worker (`engine.worker_cpus=1`): on some CPUs float32 kernels round
+    differently with another thread count, and the flows are compared byte for byte."""
     ran: list[tuple[str, int, frozenset[str]]] = []
     plain_map = RayEngine.map
 
@@ -100,19 +101,12 @@ def runs(prefect_harness: None, cluster: Cluster, tmp_path_factory: pytest.TempP
     engines = {"local": ["engine.kind=local"],
                "ray": ["engine.kind=ray", f"engine.address={cluster.address}"]}
     results: dict[str, Any] = {"ran": ran, "roots": roots}
-    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(RayEngine, "map", recording_map)
         for kind, root in roots.items():
             started = time.perf_counter()
-            # The local flow embeds in this process: with one torch thread, as each Ray worker
-            # (on some CPUs float32 kernels round differently with another thread count).
-            torch.set_num_threads(1 if kind == "local" else threads)
-            try:
-                results[kind] = pipeline(config_path="configs/tiny.yaml",
-                                         overrides=[*DENSE, *_workspace(root), *engines[kind]])
-            finally:
-                torch.set_num_threads(threads)
+            results[kind] = pipeline(config_path="configs/tiny.yaml",
+                                     overrides=[*DENSE, *_workspace(root), *engines[kind]])
             results[f"{kind}_s"] = time.perf_counter() - started
     return results
 
