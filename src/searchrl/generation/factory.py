@@ -52,7 +52,8 @@ def make_generator(config: PipelineConfig, *, policy_dir: str | Path | None = No
             raise ValueError("make_generator needs policy_dir or model")
         model, tokenizer = load_policy_on_device(config, policy_dir)
         model.train(False)
-    model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is wrong
+    else:
+        model.to(torch.device(device))  # type: ignore[arg-type]  # transformers' stub is wrong
     if tokenizer is None:
         raise ValueError("make_generator: a live model needs its tokenizer")
     return HFGenerator(model, tokenizer, device=device)
