@@ -13,22 +13,26 @@ export TOKENIZERS_PARALLELISM := false
 # mlflow: ~30 s to import them, ~11 s once their bytecode is on disk. The first run writes it.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test test-all lint typecheck check bench clean steward-env
+.PHONY: install demo test test-all lint typecheck check bench clean steward-env lock
 
-# uv installs exactly the versions pip picks (compared `pip list` of both) in seconds, where
-# pip takes ~90 s; torch is pinned to the CPU build on local disk (TORCH_WHEELS, pip's
-# find-links here). Where that fails (no uv, no such wheel), pip does it. No bytecode
+# Every version comes from requirements/lock.txt (scripts/lock.sh; a constraints file: EXTRAS
+# picks what is installed, the lock fixes which version), so a new upstream release never
+# changes what CI installs. uv installs it in seconds, where pip takes ~90 s; torch is the CPU
+# build on local disk (TORCH_WHEELS, pip's find-links here). Where uv fails, pip does it. No bytecode
 # compilation at install: compiling every installed package took ~49 s of a ~55 s install,
 # while a run compiles only the modules it imports, once. EXTRAS: CI adds `ray`.
 TORCH_WHEELS ?= /opt/wheels
 EXTRAS ?= cpu,dev
 
-$(BIN)/.installed: pyproject.toml
+LOCK := requirements/lock.txt
+UV_VERSION := 0.13.9
+$(BIN)/.installed: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
-	-$(BIN)/pip install -q uv
-	$(BIN)/uv pip install -q --python $(BIN)/python \
-	    --find-links $(TORCH_WHEELS) 'torch==2.13.0+cpu' -e '.[$(EXTRAS)]' \
-	  || { $(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -e '.[$(EXTRAS)]'; }
+	-$(BIN)/pip install -q 'uv==$(UV_VERSION)'
+	$(BIN)/uv pip install -q --python $(BIN)/python --find-links $(TORCH_WHEELS) \
+	    -c $(LOCK) 'torch==2.13.0+cpu' -e '.[$(EXTRAS)]' \
+	  || { $(BIN)/pip install -q -c $(LOCK) torch==2.13.0 \
+	       && $(BIN)/pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'; }
 	touch $@
 
 install: $(BIN)/.installed
@@ -37,11 +41,15 @@ install: $(BIN)/.installed
 # its own venv: its pins (pyarrow<25, Django) conflict with ours. The pipeline talks to it over
 # HTTP (searchrl/eval/label_studio_api.py), so nothing of it enters .venv.
 STEWARD_VENV ?= .venv-steward
-steward-env: $(STEWARD_VENV)/bin/label-studio
-$(STEWARD_VENV)/bin/label-studio:
+# Installed from its lock (requirements/steward-lock.txt): an unlocked install took sentry-sdk
+# 3.0.0 the day it was released and label-studio 1.23.2 died at import.
+STEWARD_LOCK := requirements/steward-lock.txt
+steward-env: $(STEWARD_VENV)/.installed
+$(STEWARD_VENV)/.installed: $(STEWARD_LOCK) | install
 	$(PY) -m venv $(STEWARD_VENV)
-	$(BIN)/uv pip install -q --python $(STEWARD_VENV)/bin/python 'label-studio==1.23.2' \
-	  || $(STEWARD_VENV)/bin/pip install -q 'label-studio==1.23.2'
+	$(BIN)/uv pip install -q --python $(STEWARD_VENV)/bin/python -r $(STEWARD_LOCK) \
+	  || $(STEWARD_VENV)/bin/pip install -q -r $(STEWARD_LOCK)
+	touch $@
 
 # Exit 1 is the gate's NO-GO: a finished run with a decision, not a failed demo.
 demo: install  ## the whole pipeline on the embedded default (tiny model, bundled data, CPU)
@@ -65,6 +73,9 @@ typecheck: install
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+lock: install  ## re-resolve requirements/*lock.txt (scripts/lock.sh; LOCK_DATE moves the index's date)
+	UV=$(BIN)/uv scripts/lock.sh
 
 clean:
 	rm -rf runs mlflow.db mlartifacts .pytest_cache .mypy_cache .ruff_cache

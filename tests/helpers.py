@@ -4,7 +4,10 @@ a sink that keeps what it is given, and a tiny saved policy."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -12,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 
+import psutil
 import uvicorn
 from fastapi import FastAPI
 
@@ -83,3 +87,32 @@ def fresh_mlflow_uri(directory: Path) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_mlflow_template(), directory / "mlflow.db")
     return f"sqlite:///{directory / 'mlflow.db'}"
+
+
+def stop_process_group(
+    proc: subprocess.Popen[bytes], timeout_s: float = 30
+) -> list[psutil.Process]:
+    """TERM then KILL the session `proc` leads (started with start_new_session=True); what is
+    still alive after. Safe when the leader already died (a server that failed at start: its
+    group may be gone, and killpg then raises ProcessLookupError)."""
+    group = [p for p in psutil.process_iter() if _in_group(p, proc.pid)]
+
+    def signal_group(sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+
+    signal_group(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        signal_group(signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+    _, alive = psutil.wait_procs(group, timeout=timeout_s)
+    return list(alive)
+
+
+def _in_group(p: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(p.pid) == pgid
+    except (ProcessLookupError, psutil.Error):
+        return False
