@@ -219,7 +219,9 @@ def _prune(config: PipelineConfig, args: argparse.Namespace) -> int:
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     check_tracking_store(uri, config.tracking.connect_timeout_s)
-    plan = prune(config, uri, dry_run=args.dry_run, prefect_storage=prefect_result_storage())
+    # Asking Prefect costs a process start; only when its records are pruned.
+    storage = prefect_result_storage() if config.retention.prefect_expired_results else None
+    plan = prune(config, uri, dry_run=args.dry_run, prefect_storage=storage)
     print(plan.summary(dry_run=args.dry_run))
     return 0
 

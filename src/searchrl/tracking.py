@@ -502,37 +502,52 @@ def download_policy_version(uri: str, name: str, found: Mapping[str, str], dst: 
 # --- retention's view of the store (searchrl/weekly/retention.py decides what goes)
 
 
-def registry_versions(uri: str, name: str
-                      ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
-    """Every registered version of `name`, newest first (version, run_id, source, tags), and
-    the aliases on each version; both empty where `name` is not registered."""
+def registry_snapshot(uri: str) -> list[dict[str, Any]]:
+    """Every version of every registered model in the store: name, version, run_id, source,
+    tags and the aliases on it; newest first within a model.
+
+    Retention decides what to delete from this, so it fails closed: a registry that does not
+    answer raises TrackingError (an empty answer would protect nothing)."""
     client = MlflowClient(tracking_uri=uri)
     try:
-        found = list(client.search_model_versions(f"name = '{name}'"))
-    except mlflow.exceptions.MlflowException:
-        found = []
-    aliases: dict[str, list[str]] = {}
-    try:
-        for alias, version in client.get_registered_model(name).aliases.items():
-            aliases.setdefault(str(version), []).append(alias)
-    except mlflow.exceptions.MlflowException:
-        pass
-    versions = [{"version": str(mv.version), "run_id": mv.run_id, "source": str(mv.source),
-                 "tags": dict(mv.tags)}
-                for mv in sorted(found, key=lambda v: int(v.version), reverse=True)]
-    return versions, aliases
+        aliases: dict[tuple[str, str], list[str]] = {}
+        for model in _all_pages(client.search_registered_models):
+            for alias, version in model.aliases.items():
+                aliases.setdefault((model.name, str(version)), []).append(alias)
+        found = list(_all_pages(client.search_model_versions))
+    except Exception as exc:  # mlflow raises many store-specific types
+        raise TrackingError(
+            f"the model registry of {uri} did not answer ({type(exc).__name__}: {exc}); "
+            "retention deletes nothing without knowing which versions the aliases protect: "
+            "fix the store, then re-run `python -m searchrl prune`") from exc
+    return [{"name": str(mv.name), "version": str(mv.version), "run_id": mv.run_id,
+             "source": str(mv.source), "tags": dict(mv.tags),
+             "aliases": sorted(aliases.get((str(mv.name), str(mv.version)), []))}
+            for mv in sorted(found, key=lambda v: (str(v.name), -int(v.version)))]
+
+
+def _all_pages(search: Any) -> Iterator[Any]:
+    """Every item of a paged MLflow search (`search(page_token=...)`)."""
+    token = None
+    while True:
+        page = search(page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
 
 
 def experiment_runs(uri: str, experiment: str) -> list[dict[str, Any]]:
-    """Every run of `experiment`, newest first: id, status, start time (ms), parent run id
-    (None for a parent) and artifact URI."""
+    """Every run of `experiment`, newest first: id, name, status, start time (ms), parent run
+    id (None for a parent) and artifact URI."""
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    found = client.search_runs([exp.experiment_id], max_results=50_000,
-                               order_by=["attributes.start_time DESC"])
-    return [{"run_id": r.info.run_id, "status": r.info.status,
+    found = _all_pages(lambda page_token: client.search_runs(
+        [exp.experiment_id], max_results=50_000, order_by=["attributes.start_time DESC"],
+        page_token=page_token))
+    return [{"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status,
              "start_time": r.info.start_time, "parent": r.data.tags.get(PARENT_TAG),
              "artifacts": r.info.artifact_uri} for r in found]
 

@@ -8,17 +8,21 @@ training lock. The flow prunes at the end of every run (flows/pipeline.py) and
 What is deleted:
 - registered model versions beyond the aliased ones, the newest `keep_challengers` and the
   pinned ones (the registry entry and its logged policy);
-- MLflow parent runs ("weeks") beyond the newest `keep_weeks`, with their stage runs: marked
-  deleted, then purged with `mlflow gc` where the store is local (its own retention);
+- this pipeline's MLflow parent runs ("weeks": named `run.name`; the experiment is shared by
+  every pipeline) beyond the newest `keep_weeks`, with their stage runs: marked deleted, then
+  purged with `mlflow gc` where the store is local (its own retention);
 - superseded training runs in the work dir beyond the newest `keep_weeks`, and in the kept
   ones every checkpoint but the newest `checkpoints_per_run`;
 - embedding-cache shards beyond `embedding_cache_max_bytes`, least recently used first;
 - Prefect result records past their own expiration (the stage cache's `cache_expiration`).
 
 Never deleted: a version an alias points at (champion, previous-champion, challenger: what
-evaluation and a rollback read), the runs holding those versions' policies, a pinned run or
-version, a RUNNING MLflow run, and anything in the work dir while a run is in flight there (the
-training lock is held by another process, or a run is RUNNING in the experiment).
+evaluation and a rollback read), the runs holding the policy of any registered version that
+stays (another model's included), another pipeline's runs, a pinned run (parent or stage) or
+version, a RUNNING MLflow run (until `running_stale_hours`: a SIGKILLed run never finishes),
+and anything in the work dir while a run is in flight there (the training lock is held by
+another process, or a run is RUNNING in the experiment). A registry that does not answer
+prunes nothing (TrackingError).
 """
 
 from __future__ import annotations
@@ -146,11 +150,17 @@ def _embedding_shards(config: PipelineConfig) -> list[Deletion]:
     return out
 
 
+def _live(run: dict[str, object], stale_hours: float, now_ms: float) -> bool:
+    """RUNNING and started within `stale_hours`: an older RUNNING run is one that never
+    finished (SIGKILL, a lost machine) and protects nothing."""
+    started = float(run["start_time"] or 0)  # type: ignore[arg-type]
+    return run["status"] == "RUNNING" and now_ms - started < stale_hours * 3600e3
+
+
 def _in_flight_work_dir(runs: list[dict[str, object]], stale_hours: float) -> str | None:
     now = time.time() * 1000
     for run in runs:
-        started = float(run["start_time"] or 0)  # type: ignore[arg-type]
-        if run["status"] == "RUNNING" and now - started < stale_hours * 3600e3:
+        if _live(run, stale_hours, now):
             return f"MLflow run {run['run_id']} is RUNNING"
     return None
 
@@ -160,31 +170,40 @@ def _in_flight_work_dir(runs: list[dict[str, object]], stale_hours: float) -> st
 
 def _mlflow_plan(config: PipelineConfig, uri: str, plan: PrunePlan
                  ) -> list[dict[str, object]]:
-    """Add the registry's and the experiment's deletions to `plan`; return the runs (for the
-    in-flight check)."""
-    from searchrl.tracking import experiment_runs, registry_versions
+    """Add the registry's and this pipeline's weeks' deletions to `plan`; return the
+    experiment's runs (for the in-flight check).
+
+    The experiment is shared by every `run.name` (tracking.experiment), so only this
+    pipeline's weeks (parent runs named `run.name`) are candidates, and a run whose artifacts
+    back any registered version that stays (another model's included) is never deleted."""
+    from searchrl.tracking import experiment_runs, registry_snapshot
 
     pinned = {p.removeprefix("v") for p in config.retention.pinned}
     protected_runs: dict[str, str] = {}  # run id -> why
     name = config.registry_model_name
-    newest, aliases = registry_versions(uri, name)
+    registered = registry_snapshot(uri)  # TrackingError when it does not answer: prune nothing
+    newest = [mv for mv in registered if mv["name"] == name]
     recent = {v["version"] for v in newest[:config.retention.keep_challengers]}
-    kept_sources: list[str] = []  # a kept version's artifact is never deleted with another
+    # Another model's versions are not this pipeline's to delete: they all stay.
+    kept = [mv for mv in registered if mv["name"] != name]
     dropped = []
     for mv in newest:
         version = mv["version"]
-        why = ([f"alias {a}" for a in sorted(aliases.get(version, []))]
+        why = ([f"alias {a}" for a in mv["aliases"]]
                + (["pinned"] if version in pinned
                   or str(mv["tags"].get(PINNED_TAG, "")).lower() == "true" else [])
                + ([f"one of the newest {config.retention.keep_challengers}"]
                   if version in recent else []))
         if why:
             plan.kept.append(f"model version {name} v{version} ({', '.join(why)})")
-            if mv["run_id"]:
-                protected_runs[str(mv["run_id"])] = f"holds {name} v{version}"
-            kept_sources.append(mv["source"].rstrip("/"))
-            continue
-        dropped.append(mv)
+            kept.append(mv)
+        else:
+            dropped.append(mv)
+    for mv in kept:
+        if mv["run_id"]:
+            protected_runs.setdefault(str(mv["run_id"]), f"holds {mv['name']} v{mv['version']}")
+    # A kept version's artifact is never deleted with another.
+    kept_sources = [str(mv["source"]).rstrip("/") for mv in kept]
     for mv in dropped:
         source = local_path(mv["source"])
         shared = any(mv["source"].rstrip("/") == k for k in kept_sources)
@@ -208,15 +227,17 @@ def _mlflow_plan(config: PipelineConfig, uri: str, plan: PrunePlan
     for run in runs:
         if run["run_id"] in protected_runs and run["parent"]:
             protected_runs.setdefault(str(run["parent"]), protected_runs[str(run["run_id"])])
-    parents = [r for r in runs if not r["parent"]]
+    parents = [r for r in runs if not r["parent"] and r["name"] == config.run.name]
     keep = config.retention.keep_weeks
+    now = time.time() * 1000
+    stale_hours = config.retention.running_stale_hours
     for n, parent in enumerate(parents):
         rid = str(parent["run_id"])
         week = [parent, *by_parent.get(rid, [])]
         reasons = ([f"one of the newest {keep} runs"] if n < keep else []) \
-            + (["pinned"] if rid in pinned else []) \
+            + (["pinned"] if any(str(r["run_id"]) in pinned for r in week) else []) \
             + ([protected_runs[rid]] if rid in protected_runs else []) \
-            + (["RUNNING"] if any(r["status"] == "RUNNING" for r in week) else [])
+            + (["RUNNING"] if any(_live(r, stale_hours, now) for r in week) else [])
         if reasons:
             if n >= keep:
                 plan.kept.append(f"MLflow run {rid} ({', '.join(reasons)})")
