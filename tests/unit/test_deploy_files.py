@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from docker.models.containers import _create_container_args
+from packaging.requirements import Requirement
 from prefect.client.schemas.objects import FlowRun
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.utilities.templating import find_placeholders
@@ -269,3 +270,24 @@ def test_local_deployment_state_follows_the_data_dir() -> None:
     assert "run.work_dir={{ $SEARCHRL_DATA_DIR }}/work" in local["parameters"]["overrides"]
     env = local["work_pool"]["job_variables"]["env"]
     assert env["PREFECT_LOCAL_STORAGE_PATH"] == "{{ $SEARCHRL_DATA_DIR }}/prefect-results"
+
+
+def test_deployments_send_heartbeats_well_within_the_lost_run_window() -> None:
+    """prefect-automations.yaml's searchrl-run-lost marks a run Crashed when no heartbeat
+    came for `within` seconds: every deployment sets the heartbeat (Prefect's default was off
+    before 3.6.22, and every run over the window was then Crashed) at Prefect's minimum of
+    30 s or more, a third of the window at most (a late beat or two never crashes a live run);
+    pyproject.toml asks for a Prefect that sends them from every flow run (>= 3.6.27)."""
+    spec = yaml.safe_load((ROOT / "prefect-automations.yaml").read_text())
+    (lost,) = [a for a in spec["automations"] if a["name"] == "searchrl-run-lost"]
+    window = lost["trigger"]["within"]
+    assert "prefect.flow-run.heartbeat" in lost["trigger"]["expect"]
+    envs = {name: d["work_pool"]["job_variables"]["env"] for name, d in _deployments().items()}
+    envs["searchrl-weekly-gpu (rendered)"] = _render_gpu_container()["environment"]
+    for name, env in envs.items():
+        beat = int(env.get("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", 0))
+        assert 30 <= beat <= window / 3, (name, beat, window)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (prefect,) = [Requirement(r) for r in project["dependencies"]
+                  if Requirement(r).name == "prefect"]
+    assert not prefect.specifier.contains("3.6.26") and prefect.specifier.contains("3.6.27")
