@@ -90,6 +90,11 @@ class StageInputError(RuntimeError):
     """A stage's input is missing or stale; names what to run first."""
 
 
+class ReplacedInputError(StageInputError):
+    """A file an input reference vouches for is no longer what its stage wrote for this run:
+    another run on the same work dir (or a hand edit) replaced it since."""
+
+
 # --- references on disk
 
 
@@ -107,6 +112,42 @@ def ref_is_current(ref: object) -> bool:
         return all(Path(p).exists() and fingerprint(p) == fp for p, fp in files.items())
     except (OSError, DataError):
         return False
+
+
+def changed_files(ref: object) -> list[str]:
+    """The files `ref` vouches for that are gone or hold other content than it recorded."""
+    files = getattr(ref, "files", None)
+    changed: list[str] = []
+    for path, fp in (files.items() if isinstance(files, dict) else ()):
+        try:
+            same = Path(path).exists() and fingerprint(path) == fp
+        except (OSError, DataError):
+            same = False
+        if not same:
+            changed.append(path)
+    return changed
+
+
+def check_inputs(stage: str, *inputs: StageRef | None) -> None:
+    """A run reads only its own results: every file the stage's input references vouch for
+    must still be what their stages wrote for this run, else ReplacedInputError naming it.
+
+    Stage dirs are shared by every run on a work dir (one layout, so the CLI, resume and
+    retention find them); a run with other inputs rewrites them, e.g. between this run's
+    evaluate and its gate. A stage calls this before it reads its inputs and again before
+    its result becomes visible (its ref.json, a registration): a replacement while it ran is
+    caught too. A reference without `files` (built by hand) vouches for nothing to check."""
+    producer = {s.output_kind(): n for n, s in STAGES.items()}
+    for ref in inputs:
+        changed = changed_files(ref) if ref is not None else []
+        if changed:
+            made_by = producer.get(type(ref), "its stage")
+            raise ReplacedInputError(
+                f"{stage}: {', '.join(changed)} changed after {made_by} wrote it for this run "
+                "(another run on this work dir replaced it, or it was edited); a stage reads "
+                f"only what its own upstream wrote. Re-run the pipeline (the re-run recomputes "
+                f"{made_by} and what follows it); give runs that may overlap their own "
+                "run.work_dir")
 
 
 # The layout of ref.json (its fields and what they mean): bump it when a reference type
@@ -176,7 +217,10 @@ def stage_dir_lock(stage_dir: Path) -> contextlib.AbstractContextManager[Path]:
                                 "clears or rewrites it)")
 
 
-def _finish(ref: R, stage_dir: Path) -> R:
+def _finish(ref: R, stage_dir: Path, inputs: tuple[StageRef | None, ...] = ()) -> R:
+    """Write the stage's ref.json (its completion mark), once its inputs are checked again:
+    a result computed while another run replaced them is not published."""
+    check_inputs(stage_dir.name, *inputs)
     write_ref(ref, stage_dir)
     return ref
 
@@ -219,7 +263,9 @@ def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRe
             fingerprint="|".join(p for p in (combined, evals_fp, f"corpus={corpus_fp}", extra_fp)
                                  if p),
             extra_corpora=extra, extra_evals=evals,
-            files=files_of(*paths.values(), *evals.values(), result.corpus_path, *extra.values()),
+            # The gold-set digest too: a GO keeps it as the champion's (drift's reference).
+            files=files_of(*paths.values(), *evals.values(), result.corpus_path, *extra.values(),
+                           result.digest_dir),
             mlflow_run_id=sink.run_id,
             report_path=str(result.report_html) if result.report_html else None,
             digest_dir=str(result.digest_dir) if result.digest_dir else None), out_dir)
@@ -263,6 +309,7 @@ def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) 
     """BM25 / dense / hybrid indexes of every corpus, poisoning scan, recall@k."""
     stage_dir = StagePaths(config.run.work_dir).index_dir
     with stage_dir_lock(stage_dir):
+        check_inputs("build_index", dataset)
         _begin(stage_dir)
         sink.log_params(config.to_dict()["index"])
         corpora, evals = corpora_of(dataset)
@@ -278,7 +325,7 @@ def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) 
         return _finish(IndexRef(index_dir=str(stage_dir), fingerprint=combined,
                                 retriever=config.index.retriever,
                                 files=files_of(stage_dir / "manifest.json"),
-                                mlflow_run_id=sink.run_id), stage_dir)
+                                mlflow_run_id=sink.run_id), stage_dir, (dataset,))
 
 
 # --- 3. filter_curriculum
@@ -292,6 +339,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     started = time.perf_counter()
     paths = StagePaths(config.run.work_dir)
     with stage_dir_lock(paths.curriculum_dir):
+        check_inputs("filter_curriculum", dataset, index)
         _begin(paths.curriculum_dir)
         train_path = Path(dataset.paths["train"])
         sink.log_params(config.to_dict()["curriculum"])
@@ -312,7 +360,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
             difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
             samples_path=str(samples), files=files_of(result.train_path, sft_dir, samples),
             seconds=time.perf_counter() - started, mlflow_run_id=sink.run_id),
-            paths.curriculum_dir)
+            paths.curriculum_dir, (dataset, index))
 
 
 # --- 4. train_policy
@@ -338,11 +386,13 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
     out_dir = StagePaths(config.run.work_dir).train_dir
     if config.train.launch.mode == "inprocess":
         with checkpoint_dir_lock(out_dir / CHECKPOINTS):
+            check_inputs("train_policy", dataset, index, curriculum)
             _begin(out_dir)
             fetch_champion_start(config, out_dir, sink.tracking_uri)
             ref = run_training(config, dataset, index, curriculum, sink, searchers=searchers)
             return _with_comparator(config, ref, dataset, index, curriculum, sink, searchers)
     with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
+        check_inputs("train_policy", dataset, index, curriculum)
         _begin(out_dir)
         fetch_champion_start(config, out_dir, sink.tracking_uri)
     # The ranks search through the flow's managed server (plain clients: no restarts there).
@@ -364,11 +414,12 @@ def _with_comparator(config: PipelineConfig, ref: CheckpointRef, dataset: Datase
     device while the ranks start, and its time is its own. Until it is built the stage is not
     complete: the reference the training wrote is withdrawn, and written again with it."""
     out_dir = StagePaths(config.run.work_dir).train_dir
+    inputs = (dataset, index, curriculum)
     if not config.train.rejection_sampling.enabled:
-        return _finish(ref, out_dir)
+        return _finish(ref, out_dir, inputs)
     _begin(out_dir)  # withdraws the training's ref.json until the comparator is built too
     rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
-    return _finish(_with_rs(ref, rs), out_dir)
+    return _finish(_with_rs(ref, rs), out_dir, inputs)
 
 
 def _rejection_sampling(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
@@ -496,7 +547,8 @@ def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
         seconds=time.perf_counter() - started + result.earlier_attempts_seconds,
         earlier_attempts_seconds=result.earlier_attempts_seconds,
         devices=launch.ranks * launch.nodes,
-        files=files_of(choice.policy_dir, result.policy_dir, result.metrics_path),
+        # The cold start too: evaluation measures it as the `sft` system.
+        files=files_of(choice.policy_dir, result.policy_dir, result.metrics_path, sft_dir),
         mlflow_run_id=sink.run_id, selection=choice.selection,
         selected_step=choice.selected_step, last_policy_dir=str(result.policy_dir),
         last_step=choice.last_step, select_metric=choice.metric,
@@ -517,7 +569,7 @@ def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
 
         # Stored once, as the MLflow model the gate registers (never logged again there).
         log_policy_model(sink.tracking_uri, sink.run_id, choice.policy_dir)
-    return _finish(ref, out_dir)
+    return _finish(ref, out_dir, (dataset, index, curriculum))
 
 
 # --- 5. evaluate_policy
@@ -547,6 +599,7 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
     started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).eval_dir
     with stage_dir_lock(out_dir):
+        check_inputs("evaluate_policy", dataset, index, checkpoint)
         _begin_fresh(out_dir)
         split = config.eval.split
         if split not in dataset.paths:
@@ -600,7 +653,8 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
         return _finish(EvalRef(results_path=str(results_path),
                                fingerprint=fingerprint(results_path),
                                files=files_of(results_path), mlflow_run_id=sink.run_id,
-                               seconds=time.perf_counter() - started, devices=1), out_dir)
+                               seconds=time.perf_counter() - started, devices=1), out_dir,
+                       (dataset, index, checkpoint))
 
 
 def _champion_version(config: PipelineConfig) -> str:
@@ -623,9 +677,12 @@ def _registered_champion(config: PipelineConfig) -> str:
     return f"champion:{name}:{found['version'] if found else 'none'}"
 
 
-def _train_start(config: PipelineConfig) -> str:
-    """train.init=champion: the champion version training starts from is a training input."""
-    return _registered_champion(config) if config.train.init == "champion" else "init:base"
+def _train_inputs(config: PipelineConfig) -> str:
+    """train.init=champion: the champion version training starts from is a training input;
+    so are the contents of train.deepspeed_config (its path alone is in the config's part)."""
+    start = _registered_champion(config) if config.train.init == "champion" else "init:base"
+    deepspeed = config.train.deepspeed_config_sha256()
+    return start if deepspeed is None else f"{start}|deepspeed_config={deepspeed}"
 
 
 # --- 6. decide_go_no_go
@@ -640,6 +697,7 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
     paths = StagePaths(config.run.work_dir)
     out_dir = paths.gate_dir
     with stage_dir_lock(out_dir):
+        check_inputs("decide_go_no_go", dataset, checkpoint, evaluation)
         _begin_fresh(out_dir)
         sink.log_params(config.to_dict()["gate"])
         costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
@@ -655,6 +713,9 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
             metrics_path=checkpoint.metrics_path,
             cost_notes=[*notes, *([plan.blocked] if plan.blocked else [])],
             champion_version=champion)
+        # Again before anything is logged, registered or kept: the numbers decided on, the
+        # policy registered and the gold set kept are still this run's.
+        check_inputs("decide_go_no_go", dataset, checkpoint, evaluation)
         result = outcome.result
         sink.set_tags({"decision": result.label}
                       | ({"promotion_blocked": plan.blocked[:5000]} if plan.blocked else {}))
@@ -848,7 +909,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("validate_gold_labels", validate_gold_labels, _validation_inputs),
     Stage("build_index", build_index),
     Stage("filter_curriculum", filter_curriculum),
-    Stage("train_policy", train_policy, _train_start),
+    Stage("train_policy", train_policy, _train_inputs),
     Stage("evaluate_policy", evaluate_policy, _champion_version),
     Stage("decide_go_no_go", decide_go_no_go, _curriculum_cost),
 )}

@@ -3,6 +3,7 @@ ranks are launched."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -178,6 +179,19 @@ class TrainConfig(Section):
     sft: SFTConfig = SFTConfig()
     rejection_sampling: RejectionSamplingConfig = RejectionSamplingConfig()
     launch: LaunchConfig = LaunchConfig()
+
+    def deepspeed_config_sha256(self) -> str | None:
+        """sha256 of the `deepspeed_config` file's bytes (None: none set; "missing": not
+        found, which the trainer refuses). Its contents (ZeRO stage, precision, optimizer)
+        shape the training run as much as the fields here, so they enter the train stage's
+        cache key and the checkpoints' run identity, not only the path: an edited file under
+        the same name retrains from step 0."""
+        if self.deepspeed_config is None:
+            return None
+        try:
+            return hashlib.sha256(Path(self.deepspeed_config).read_bytes()).hexdigest()
+        except OSError:
+            return "missing"
 
     @model_validator(mode="after")
     def _selectable(self) -> TrainConfig:

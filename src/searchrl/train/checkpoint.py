@@ -282,15 +282,16 @@ def run_identity(config: PipelineConfig, questions: Sequence[QAExample], init_di
     """What a checkpoint must match to be resumed: the settings that shape the training run
     (`config.inputs_of("train_run")`: declared per field in searchrl/config/), the start
     policy (`init_key_file`, the cold start's key, else `init_dir`'s file names and
-    sizes), the questions' content in order (gold answers included: a corrected label is
-    another run), the number of ranks, and the training code (`code`: the trainer's
-    `code_fingerprint`, which the trainer passes; a code or package upgrade must not resume,
-    and republish, last week's final checkpoint). A sha256 hex digest."""
+    sizes), the contents of `train.deepspeed_config`, the questions' content in order (gold
+    answers included: a corrected label is another run), the number of ranks, and the
+    training code (`code`: the trainer's `code_fingerprint`, which the trainer passes; a code
+    or package upgrade must not resume, and republish, last week's final checkpoint). A
+    sha256 hex digest."""
     init = (init_key_file.read_text() if init_key_file.is_file() else
             sorted((f.name, f.stat().st_size) for f in init_dir.iterdir() if f.is_file()))
     payload = {"config": config.inputs_of("train_run"), "ranks": n_ranks, "init": init,
                "questions": records_fingerprint(questions),
-               "code": code}
+               "code": code, "deepspeed_config": config.train.deepspeed_config_sha256()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
