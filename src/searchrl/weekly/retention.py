@@ -275,7 +275,10 @@ def _gc_runs(uri: str, run_ids: list[str]) -> None:
 # --- Prefect's result records
 
 
-def _expired_results(storage: Path | None) -> list[Deletion]:
+def _expired_results(storage: Path | None, plan: PrunePlan) -> list[Deletion]:
+    """The result records past their `metadata.expiration`. A record whose expiration is not
+    an ISO time with a zone (naive, a number, garbage) is skipped with a warning naming it:
+    one odd record must never stop retention of the rest."""
     if storage is None or not storage.is_dir():
         return []
     now = datetime.now(UTC)
@@ -287,7 +290,19 @@ def _expired_results(storage: Path | None) -> list[Deletion]:
             expiration = json.loads(record.read_text())["metadata"].get("expiration")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not a result record Prefect wrote: not ours to judge
-        if expiration and datetime.fromisoformat(expiration) < now:
+        if expiration is None:
+            continue  # never expires
+        try:
+            when = datetime.fromisoformat(expiration) if isinstance(expiration, str) else None
+        except ValueError:
+            when = None
+        if when is None or when.tzinfo is None:
+            why = (f"prefect result {record}: expiration {expiration!r} is not an ISO time with "
+                   "a zone (as Prefect writes it); left alone, delete it by hand if stale")
+            log.warning("retention: %s", why)
+            plan.skipped.append(why)
+            continue
+        if when < now:
             out.append(Deletion("prefect result", str(record), disk_bytes(record),
                                 f"expired {expiration}", (str(record),)))
     return out
@@ -323,7 +338,7 @@ def plan_prune(config: PipelineConfig, uri: str | None, *,
     else:
         plan.deletions += _superseded(config) + _embedding_shards(config)
     if config.retention.prefect_expired_results:
-        plan.deletions += _expired_results(prefect_storage)
+        plan.deletions += _expired_results(prefect_storage, plan)
     return plan
 
 
