@@ -47,7 +47,8 @@ from searchrl.sinks import NullSink
 from searchrl.types import SearchHit
 from tests.helpers import free_port, serving
 
-CONFIG = IndexConfig(max_batch=4, max_top_k=5, max_query_chars=50)
+# search_batch=max_batch: a request is one search (chunking has its own tests).
+CONFIG = IndexConfig(max_batch=4, search_batch=4, max_top_k=5, max_query_chars=50)
 
 
 class FakeSearcher:
@@ -83,14 +84,16 @@ def test_retrieve_answers_in_search_r1_shape(api: TestClient) -> None:
     result = resp.json()["result"]
     assert [[h["document"]["id"] for h in q] for q in result] == [["a#0", "a#1"], ["b#0", "b#1"]]
     assert result[0][1]["score"] == pytest.approx(0.5)
-    assert result[0][0]["document"]["contents"] == "text a"
+    # FlashRAG's layout, which Search-R1's client splits on the first newline for the title.
+    assert result[0][0]["document"]["contents"] == '"T"\ntext a'
     bare = api.post("/retrieve", json={"queries": ["a"], "topk": 1}).json()["result"]
-    assert bare == [[{"id": "a#0", "title": "T", "contents": "text a"}]]
+    assert bare == [[{"id": "a#0", "title": "T", "contents": '"T"\ntext a',
+                      "title_line_added": True}]]
     assert api.get("/health").json() == {"status": "ok", "passages": 7}
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [
-    ({"queries": ["q"] * 5}, 413, "max_batch=4"),
+    ({"queries": ["q"] * 5}, 413, "max_batch=4 queries per request (index.max_batch)"),
     ({"queries": []}, 422, "non-empty"),
     ({"queries": ["q"], "topk": 6}, 422, "max_top_k=5"),
     ({"queries": ["q"], "topk": 0}, 422, "between 1"),
@@ -328,7 +331,7 @@ def test_a_huge_malformed_body_is_refused_cheaply_without_echoing_it(
     resp = api.post("/retrieve", content=body, headers={"Content-Type": "application/json"})
     assert time.perf_counter() - start < 5.0  # 0.2 s here; the item-by-item errors took 40+
     assert resp.status_code == 413 and len(resp.content) < 200
-    assert "max_batch=256" in resp.json()["detail"]
+    assert "max_batch=8192" in resp.json()["detail"]
     # Within the batch cap, one error per wrong item, but the answer names a few at most.
     resp = api.post("/retrieve", json={"queries": [{"x": "y" * 900}] * 256})
     assert resp.status_code == 422 and len(resp.content) < 400
@@ -711,6 +714,49 @@ def test_client_fetches_the_limits_once_and_falls_back_without_them(
     assert seen == [("/retrieve", 2), ("/retrieve", 1), ("/retrieve", 1)]
 
 
+def test_a_large_request_is_searched_in_chunks_and_one_above_max_batch_is_refused(
+        fake: FakeSearcher) -> None:
+    """Search-R1 posts a whole training batch at once: the server searches it
+    `search_batch` queries at a time and answers in order; above `max_batch` a 413 says
+    which setting and what to do, and nothing is searched."""
+    config = IndexConfig(max_batch=10, search_batch=4, max_top_k=5)
+    app = create_app(fake, config)
+    api = TestClient(app)
+    queries = [f"q{i}" for i in range(10)]
+    resp = api.post("/retrieve", json={"queries": queries, "topk": 1})
+    assert resp.status_code == 200
+    assert [per_query[0]["id"] for per_query in resp.json()["result"]] == \
+        [f"q{i}#0" for i in range(10)]
+    assert [len(chunk) for chunk, _ in fake.calls] == [4, 4, 2]
+    assert app.state.monitor.inflight == 0
+    too_many = api.post("/retrieve", json={"queries": ["q"] * 11, "topk": 1})
+    assert too_many.status_code == 413 and len(fake.calls) == 3
+    detail = too_many.json()["detail"]
+    assert "batch of 11 queries exceeds max_batch=10" in detail and "index.max_batch" in detail
+    # A chunk that fails fails the request (final), and the request's slot is freed.
+    failing = api.post("/retrieve", json={"queries": [*queries[:4], "boom"], "topk": 1})
+    assert failing.status_code == 500 and failing.headers[NO_RETRY_HEADER] == "1"
+    assert app.state.monitor.inflight == 0
+
+
+def test_the_default_limits_take_search_r1_sized_batches() -> None:
+    """Search-R1's example posts 400 queries, a training batch thousands (512 x 5 rollouts);
+    the largest valid request of the defaults still has a body cap."""
+    config = IndexConfig()
+    assert config.max_batch >= 8192 and config.search_batch <= 512
+    assert max_body_bytes(config) < 128 * 2 ** 20
+
+
+def test_client_splits_to_the_servers_search_batch(fake: FakeSearcher) -> None:
+    # Each request one server-side chunk, so it fits one search timeout.
+    config = IndexConfig(max_batch=100, search_batch=3, max_top_k=5)
+    with serving(create_app(fake, config)) as url:
+        client = RetrievalClient(url, retries=0)
+        assert len(client.search_batch([f"q{i}" for i in range(7)], 1)) == 7
+        client.close()
+    assert [len(queries) for queries, _ in fake.calls] == [3, 3, 1]
+
+
 # --- the token before the body, a body cap, liveness only without a token
 
 
@@ -772,7 +818,7 @@ def test_health_without_a_token_says_only_that_it_is_alive(fake: FakeSearcher) -
         assert full == {"status": "ok", "passages": 7, "pid": 1}
         assert httpx.get(f"{url}/limits").status_code == 401
         limits = httpx.get(f"{url}/limits", headers={"Authorization": "Bearer s3cret"}).json()
-    assert limits == {"max_batch": 4, "max_top_k": 5, "max_query_chars": 50,
+    assert limits == {"max_batch": 4, "search_batch": 4, "max_top_k": 5, "max_query_chars": 50,
                       "max_body_bytes": max_body_bytes(CONFIG)}
 
 

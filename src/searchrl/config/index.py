@@ -102,7 +102,15 @@ class IndexConfig(Section):
     # Operational: a search (queue wait included) running longer answers 504, not retried;
     # below client_timeout_s so the server answers before the client gives up and resends.
     service_search_timeout_s: Annotated[float, OPERATIONAL] = Field(8.0, gt=0.0)
-    max_batch: Annotated[int, OPERATIONAL] = Field(256, ge=1)
+    # Queries one /retrieve request may carry (above: 413). Search-R1's trainer posts every
+    # active rollout's query at once (batch x n_agent: thousands), so the default takes 8192;
+    # the server searches them `search_batch` at a time, and its body cap grows with this.
+    max_batch: Annotated[int, OPERATIONAL] = Field(8192, ge=1)
+    # Queries per searcher call inside the server (a larger request is searched in chunks one
+    # after another, each on the worker pool within service_search_timeout_s, so one big
+    # request neither holds a worker long nor starves the others); our client sends batches
+    # of this size, so each request fits one chunk's timeout.
+    search_batch: Annotated[int, OPERATIONAL] = Field(256, ge=1)
     max_top_k: Annotated[int, OPERATIONAL] = Field(50, ge=1)
     max_query_chars: Annotated[int, OPERATIONAL] = Field(1000, ge=1)
     client_timeout_s: Annotated[float, OPERATIONAL] = Field(10.0, gt=0.0)

@@ -2,15 +2,23 @@
 
 Speaks Search-R1's `/retrieve` shape (`{"queries", "topk", "return_scores"}` ->
 `{"result": [[{"document": {"id", "contents", ...}, "score"}, ...], ...]}`), so it also works
-against Search-R1's own retrieval server. Batches are split to the server's `max_batch`,
-read once from its `/limits` (a server without that endpoint, like Search-R1's: the client's
-own `max_batch`, if any). Every call has a timeout; connection errors, timeouts, 429 (rate
+against Search-R1's own retrieval server. Batches are split to the server's `search_batch`
+(the queries it searches at once) or `max_batch` if smaller, read once from its `/limits` (a
+server without that endpoint, like Search-R1's: the client's own `max_batch`, if any). Every
+call has a timeout; connection errors, timeouts, 429 (rate
 limited) and 5xx (503: busy) are retried a bounded number of times with jittered exponential
 backoff, waiting at least the server's Retry-After (capped at the timeout), except a failure
 the server marks final (a search that failed or ran past its timeout); then, or on any other
 error status or a malformed answer, `SearchError` is raised. Requests carry `X-Client-Id`
 (host:pid[:rank]) so the server's /stats can tell ranks apart. A failure is never returned as
 an empty result. Hit texts are neutralised (rollout tags escaped).
+
+A document's `contents` is in FlashRAG's (wiki-18's) layout, `"Title"\\ntext`, which
+Search-R1's trainer reads (the first line its title). Our server adds that title line to a
+passage stored without it (the demo's `Title. text`) and says so (`title_line_added`); the
+hit here is the passage as stored, exactly what an in-process search returns. A document
+without a `title` (Search-R1's server sends corpus rows as stored) takes it from a `"Title"`
+first line, as loading that corpus does (`searchrl.data.io`).
 """
 
 from __future__ import annotations
@@ -60,7 +68,8 @@ class RetrievalClient:
         """Client for `config.service_url`, token from `$<config.service_token_env>` if set."""
         return cls(config.service_url, token=os.environ.get(config.service_token_env) or None,
                    timeout_s=config.client_timeout_s, retries=config.client_retries,
-                   backoff_s=config.client_backoff_s, max_batch=config.max_batch,
+                   backoff_s=config.client_backoff_s,
+                   max_batch=min(config.search_batch, config.max_batch),
                    auth_hint=token_hint(config))
 
     def close(self) -> None:
@@ -88,13 +97,18 @@ class RetrievalClient:
             return self._limits
 
     def _batch_size(self) -> int | None:
-        advertised = self.limits().get("max_batch")
-        if advertised is None:
-            return self.max_batch
-        if not isinstance(advertised, int) or advertised < 1:
-            raise SearchError(f"retrieval service {self.url}/limits: max_batch must be a "
-                              f"positive integer, got {advertised!r}")
-        return advertised
+        # search_batch: a request of one server-side chunk stays within one search timeout.
+        limits = self.limits()
+        sizes = []
+        for key in ("search_batch", "max_batch"):
+            advertised = limits.get(key)
+            if advertised is None:
+                continue
+            if not isinstance(advertised, int) or advertised < 1:
+                raise SearchError(f"retrieval service {self.url}/limits: {key} must be a "
+                                  f"positive integer, got {advertised!r}")
+            sizes.append(advertised)
+        return min(sizes) if sizes else self.max_batch
 
     def health(self) -> dict[str, Any]:
         data = self._request("GET", "/health")
@@ -130,9 +144,44 @@ def _hit(item: dict[str, Any]) -> SearchHit:
     # Neutralised again here (idempotent): the server may be Search-R1's, which does not.
     doc = item["document"]
     title = doc.get("title")
+    contents = str(doc["contents"])
+    if doc.get(TITLE_LINE_ADDED) is True:
+        line = title_line(str(title)) if title else None
+        if line is None or not contents.startswith(line):
+            raise ValueError(f"document {doc['id']!r} says {TITLE_LINE_ADDED} but its contents "
+                             "do not start with its title in quotes")
+        contents = contents[len(line):]
+    elif title is None:
+        title = flashrag_title(contents)
     return SearchHit(doc_id=str(doc["id"]), title=neutralize_tags(str(title)) if title else None,
-                     contents=neutralize_tags(str(doc["contents"])),
-                     score=float(item.get("score", 0.0)))
+                     contents=neutralize_tags(contents), score=float(item.get("score", 0.0)))
+
+
+# --- the document layout on the wire (written by the server, read back above)
+
+TITLE_LINE_ADDED = "title_line_added"
+
+
+def title_line(title: str) -> str:
+    """The first line of FlashRAG's `contents`: the title in double quotes, then a newline.
+    Search-R1 splits on the first newline, so a newline inside the title becomes a space."""
+    return '"' + title.replace("\n", " ") + '"\n'
+
+
+def flashrag_contents(title: str | None, contents: str) -> tuple[str, bool]:
+    """(`contents` in FlashRAG's layout, whether a title line was added): a titled passage
+    that does not already start with its title line gets one; others are left as they are."""
+    if not title or contents.startswith(title_line(title)):
+        return contents, False
+    return title_line(title) + contents, True
+
+
+def flashrag_title(contents: str) -> str | None:
+    """The title of a `"Title"\\ntext` passage (the rule `searchrl.data.io` loads by)."""
+    head, sep, _ = contents.partition("\n")
+    if sep and head.startswith('"') and head.endswith('"') and len(head) > 2:
+        return head.strip('"')
+    return None
 
 
 def token_hint(config: IndexConfig) -> str:

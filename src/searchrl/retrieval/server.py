@@ -6,9 +6,18 @@
          (with return_scores=false each hit is the bare document, as in Search-R1)
     GET  /health  -> {"status": "ok"}; with the token also "passages", "retriever", "pid";
                      a wrong token 401 (so a client finds a bad token up front)
-    GET  /limits  -> {"max_batch", "max_top_k", "max_query_chars", "max_body_bytes"}
-                     (clients split their batches to max_batch)
+    GET  /limits  -> {"max_batch", "search_batch", "max_top_k", "max_query_chars",
+                      "max_body_bytes"} (our client sends search_batch queries a request)
     GET  /stats   -> per-client request/query counts, flagged queries, a recent-query sample
+
+As Search-R1's trainer calls it: it posts every active rollout's query in one request
+(thousands in a training batch), so up to `max_batch` (default 8192) queries are taken in one
+request and searched `search_batch` (256) at a time, one chunk after another (the search
+timeout is per chunk); and it takes a hit's title as the first line of `document.contents`
+(FlashRAG's wiki-18 layout, `"Title"\\ntext`), so `contents` is written so: a passage
+stored without that line (the demo's `Title. text`) gets it, marked `title_line_added` for
+our client (`retrieval/client.py`), which returns the passage as stored. Latency of one
+request of 400 / 1000 / 4096 queries: benchmarks/bench_search_r1_batch.py.
 
 When a token is set, every path but /health needs it, checked before the body is read: a
 missing/wrong bearer token answers 401, a body above `max_body_bytes` (room for the largest
@@ -63,7 +72,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -79,6 +88,7 @@ from searchrl.data.io import read_manifest
 from searchrl.exit_codes import exit_code_table, report_error
 from searchrl.httpx_helpers import NO_RETRY_HEADER
 from searchrl.retrieval.base import Searcher
+from searchrl.retrieval.client import TITLE_LINE_ADDED, flashrag_contents
 from searchrl.retrieval.dense import Encoder, FloatArray
 from searchrl.retrieval.index_store import (
     MAIN_CORPUS,
@@ -115,7 +125,14 @@ class RetrieveResponse(BaseModel):
 
 
 def _document(hit: SearchHit) -> dict[str, Any]:
-    return {"id": hit.doc_id, "title": hit.title, "contents": hit.contents}
+    """The hit as Search-R1's trainer reads it: `contents` in FlashRAG's `"Title"\\ntext`
+    layout (its first line the title), `title_line_added` when the server added that line,
+    so our client can return the passage as stored."""
+    contents, added = flashrag_contents(hit.title, hit.contents)
+    doc: dict[str, Any] = {"id": hit.doc_id, "title": hit.title, "contents": contents}
+    if added:
+        doc[TITLE_LINE_ADDED] = True
+    return doc
 
 
 # --- monitoring and rate limits (touched only from the event loop thread: no locks)
@@ -328,6 +345,9 @@ class _Searches:
 
     async def run(self, queries: list[str], top_k: int,
                   stats: ClientStats) -> list[list[SearchHit]]:
+        """Hits per query: `queries` searched `search_batch` at a time, one chunk after
+        another, each on the pool within the search timeout. The request holds one in-flight
+        slot until its last search ends."""
         monitor, config = self.monitor, self.config
         if monitor.inflight >= config.service_max_inflight:
             stats.busy += 1
@@ -335,12 +355,27 @@ class _Searches:
                                 detail=f"busy: {monitor.inflight} requests in flight "
                                 f"(index.service_max_inflight={config.service_max_inflight}); "
                                 "retry")
-        loop = asyncio.get_running_loop()
-        future = self.pool.submit(self._search, queries, top_k)
-        # A search past its timeout keeps its thread until it ends, and its slot with it.
         monitor.inflight += 1
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
-        timeout = config.service_search_timeout_s
+        future: Future[list[list[SearchHit]]] | None = None
+        try:
+            hits: list[list[SearchHit]] = []
+            for start in range(0, len(queries), config.search_batch):
+                chunk = queries[start:start + config.search_batch]
+                future = self.pool.submit(self._search, chunk, top_k)
+                hits.extend(await self._wait(future, len(chunk), len(queries), stats))
+            return hits
+        finally:
+            if future is None or future.done():
+                self._release()
+            else:  # a search past its timeout keeps its thread until it ends, and the slot
+                loop = asyncio.get_running_loop()
+                future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
+
+    async def _wait(self, future: Future[list[list[SearchHit]]], size: int, total: int,
+                    stats: ClientStats) -> list[list[SearchHit]]:
+        """One chunk's hits; 503 if it waited the whole timeout for a worker (it never runs),
+        504 if it ran past it, 500 if it failed."""
+        timeout = self.config.service_search_timeout_s
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except TimeoutError:
@@ -348,15 +383,16 @@ class _Searches:
                 stats.busy += 1
                 raise HTTPException(status_code=503, headers={"Retry-After": "1"},
                                     detail=f"busy: waited {timeout:g}s for a free worker "
-                                    f"(index.service_workers={config.service_workers}); "
+                                    f"(index.service_workers={self.config.service_workers}); "
                                     "retry") from None
             stats.timed_out += 1
+            part = f" (of a request of {total})" if total > size else ""
             raise HTTPException(status_code=504, headers={NO_RETRY_HEADER: "1"},
-                                detail=f"search of {len(queries)} queries took longer than "
+                                detail=f"search of {size} queries{part} took longer than "
                                 f"index.service_search_timeout_s={timeout:g}s") from None
         except Exception as exc:
             stats.failed += 1
-            logger.exception("search of %d queries failed", len(queries))
+            logger.exception("search of %d queries (of %d) failed", size, total)
             raise HTTPException(status_code=500, headers={NO_RETRY_HEADER: "1"},
                                 detail=f"search failed: {exc}") from exc
 
@@ -380,8 +416,8 @@ def _add_info_routes(app: FastAPI, monitor: Monitor, config: IndexConfig, token:
 
     @app.get("/limits")
     async def limits() -> dict[str, int]:
-        return {"max_batch": config.max_batch, "max_top_k": config.max_top_k,
-                "max_query_chars": config.max_query_chars,
+        return {"max_batch": config.max_batch, "search_batch": config.search_batch,
+                "max_top_k": config.max_top_k, "max_query_chars": config.max_query_chars,
                 "max_body_bytes": max_body_bytes(config)}
 
     @app.get("/stats")
@@ -451,7 +487,9 @@ def parse_request(body: bytes, config: IndexConfig) -> RetrieveRequest:
     queries = data.get("queries") if isinstance(data, dict) else None
     if isinstance(queries, list) and len(queries) > config.max_batch:
         raise HTTPException(status_code=413, detail=f"batch of {len(queries)} queries exceeds "
-                            f"max_batch={config.max_batch}; split it")
+                            f"max_batch={config.max_batch} queries per request "
+                            "(index.max_batch): split it into requests of at most that many, "
+                            "or start the server with a larger index.max_batch")
     try:
         request = RetrieveRequest.model_validate(data)
     except ValidationError as exc:
