@@ -7,6 +7,7 @@ For a real base model (`model.kind=pretrained`) use `load_policy`, which loads w
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from transformers import (
 )
 
 from searchrl.config import ModelConfig, TinyModelConfig
+from searchrl.models.prior import is_bundled_prior, prepare_prior
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
 TAG_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<information>",
@@ -87,6 +89,11 @@ def init_policy(cfg: ModelConfig, corpus_texts: Iterable[str], seed: int = 0
     """A fresh tiny policy (tokenizer trained on the corpus) or the configured pretrained one."""
     if cfg.kind == "pretrained":
         assert cfg.name_or_path is not None
+        if is_bundled_prior(cfg.name_or_path):
+            # Prepared into a model directory, then loaded as any pretrained checkpoint is.
+            with tempfile.TemporaryDirectory() as tmp:
+                prepared = prepare_prior(corpus_texts, TAG_TOKENS, Path(tmp) / "prior", seed=seed)
+                return load_policy(prepared, cfg.dtype)
         return load_policy(cfg.name_or_path, cfg.dtype)
     tokenizer = train_tokenizer(corpus_texts, cfg.tiny.vocab_size)
     return build_tiny_model(cfg.tiny, tokenizer, seed=seed), tokenizer
