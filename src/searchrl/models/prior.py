@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tokenizers import Tokenizer, models, processors
@@ -110,9 +110,9 @@ def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed
     """The MiniLM causal LM with its vocabulary trimmed to `texts` and `tags` added (module
     docstring), saved as a model directory (model + tokenizer) in `out_dir`; returns it."""
     source = _package_dir()
-    full = AutoTokenizer.from_pretrained(str(source))
+    full = cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(source)))
     used = used_pieces(full, texts)
-    specials = set(full.convert_tokens_to_ids(list(BERT_SPECIALS)))
+    specials = {full.get_vocab()[piece] for piece in BERT_SPECIALS}
     # Every single character, alone and as a continuation: a word the texts never used (an
     # unseen phrasing) is spelled out in pieces instead of becoming [UNK].
     characters = {i for piece, i in full.get_vocab().items()
@@ -127,7 +127,7 @@ def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed
     config.architectures = ["BertLMHeadModel"]
     torch.manual_seed(seed)  # the new LM-head transform
     model = BertLMHeadModel.from_pretrained(str(source), config=config)
-    old = model.get_input_embeddings().weight.detach()
+    old = cast(torch.Tensor, model.get_input_embeddings().weight).detach()
     tag_rows = [old[full(tag, add_special_tokens=False)["input_ids"]].mean(0) for tag in tags]
     rows = torch.cat([old[keep], torch.stack(tag_rows)]) if tags else old[keep]
     assert rows.shape[0] == len(tokenizer)
