@@ -17,19 +17,26 @@ imports Prefect.
 Faults: a worker whose actor or node dies mid-item is dropped and its items run again on
 the workers left (each item is a pure function of its inputs, so the bytes are the same); a
 stage with no worker left, or a cluster unreachable at start or lost mid-stage, fails with
-`EngineError` naming the address (exit code 7). What finished before (embedding shards in
-the content-hash cache) is reused by the rerun.
+`EngineError` naming the address (exit code 7). So does an item that runs longer than
+`engine.item_timeout_s` (a worker hung but alive is never lost: its worker is stopped) or
+whose worker died running it `engine.item_max_tries` times (an item that kills any worker it
+runs on would otherwise take down every one); both messages name the item. What finished
+before (embedding shards in the content-hash cache) is reused by the rerun.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import os
+import reprlib
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from searchrl.config.base import ConfigError
@@ -42,6 +49,13 @@ R = TypeVar("R")
 IN_FLIGHT_PER_WORKER = 2
 # How often a wait with nothing finished checks that the cluster is still there.
 LIVENESS_POLL_S = 5.0
+# How long the results of a dead worker's other items may take to arrive (they fail at once).
+SETTLE_S = 10.0
+
+# An item in an error message: its repr, cut short (items carry configs and passage texts).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxtuple = _SHORT.maxlist = 4
 
 
 def _lost_worker_errors() -> tuple[type[BaseException], ...]:
@@ -51,7 +65,20 @@ def _lost_worker_errors() -> tuple[type[BaseException], ...]:
 
 
 class EngineError(RuntimeError):
-    """The Ray cluster is unreachable, was lost, or has no worker left (exit code 7)."""
+    """The Ray cluster is unreachable, was lost, or has no worker left, or an item hung or
+    killed its workers (exit code 7)."""
+
+
+@dataclass
+class _Flight:
+    """An item handed to a worker. A worker runs its items one at a time, in the order they
+    were handed to it: the first of its flights is the one running."""
+
+    actor: Any
+    index: int
+    item: Any
+    order: int  # handed out as the order-th
+    started: float | None = None  # when it began to run (monotonic): its turn came
 
 
 class WorkerState:
@@ -213,16 +240,24 @@ class RayEngine:
 
     def map(self, fn: Callable[[WorkerState, T], R], items: Iterable[T]) -> Iterator[R]:
         """`fn(state, item)` for every item on the workers, results in item order. An item
-        whose worker died runs again on another; `fn`'s own errors are raised as they are."""
+        whose worker died runs again on another, up to `engine.item_max_tries` times; one
+        running longer than `engine.item_timeout_s` fails the stage; `fn`'s own errors are
+        raised as they are."""
         import ray
-        from ray import exceptions as rex
 
+        config = self.config
         source = enumerate(items)
         retry: deque[tuple[int, T]] = deque()
-        flying: dict[Any, tuple[Any, int, T]] = {}
+        flying: dict[Any, _Flight] = {}  # in the order handed out
         done: dict[int, R] = {}
+        tries: dict[int, int] = {}  # index -> workers that died running it
+        handed = itertools.count()
         next_out = 0
         exhausted = False
+
+        def name(flight: _Flight) -> str:
+            what = getattr(fn, "__qualname__", repr(fn))
+            return f"item {flight.index} of {what} ({_SHORT.repr(flight.item)})"
 
         def submit() -> None:
             nonlocal exhausted
@@ -241,38 +276,115 @@ class RayEngine:
                         return
                     index, item = got
                 load = {a: 0 for a in actors}
-                for actor, _, _ in flying.values():
-                    if actor in load:
-                        load[actor] += 1
+                for flight in flying.values():
+                    if flight.actor in load:
+                        load[flight.actor] += 1
                 actor = min(actors, key=load.__getitem__)
-                flying[actor.run.remote(fn, item)] = (actor, index, item)
+                flying[actor.run.remote(fn, item)] = _Flight(actor, index, item, next(handed))
+
+        def running() -> list[tuple[_Flight, float]]:
+            """Each worker's first flight and when it started: when its turn was seen."""
+            heads: dict[Any, _Flight] = {}
+            for flight in flying.values():
+                heads.setdefault(flight.actor, flight)
+            now = time.monotonic()
+            out = []
+            for flight in heads.values():
+                if flight.started is None:
+                    flight.started = now
+                out.append((flight, flight.started))
+            return out
+
+        def lost(flight: _Flight) -> None:
+            """`flight`'s worker died: its other flights settle (results kept, the rest
+            queued again, first the one it was running), which is charged with a try."""
+            self._drop(flight.actor)
+            others = {ref: f for ref, f in flying.items() if f.actor is flight.actor}
+            settled: list[Any] = []
+            if others:
+                settled, _ = self._call(ray.wait, list(others), num_returns=len(others),
+                                        timeout=SETTLE_S)
+            casualties = [flight]
+            for ref, other in others.items():
+                del flying[ref]
+                if ref in settled:
+                    try:
+                        done[other.index] = self._result(ref)
+                        continue
+                    except _lost_worker_errors():
+                        pass
+                casualties.append(other)
+            # The one it was running: the first handed out whose result is not in (a worker
+            # runs its items in the order handed out). A node lost charges it too: rare.
+            culprit = min(casualties, key=lambda f: f.order)
+            tries[culprit.index] = tries.get(culprit.index, 0) + 1
+            if tries[culprit.index] >= config.item_max_tries:
+                raise EngineError(
+                    f"{name(culprit)}: its worker died running it {tries[culprit.index]} "
+                    f"times (engine.item_max_tries={config.item_max_tries}), on the Ray "
+                    f"cluster at {self.address}: out of memory or a native crash in it. Run "
+                    "the stage with engine.kind=local to see its error, or give a worker more "
+                    "memory (engine.worker_cpus, or a smaller shard or batch)")
+            if not self._actors:
+                raise EngineError(f"Ray cluster at {self.address}: every worker was lost; "
+                                  "rerun the stage: finished work is reused")
+            retry.extendleft(sorted(((f.index, f.item) for f in casualties), reverse=True))
+
+        def overdue() -> _Flight | None:
+            """The first running flight past engine.item_timeout_s whose result is not in
+            (one may have finished while the caller held a result)."""
+            now = time.monotonic()
+            late = {ref: f for ref, f in flying.items()
+                    if f.started is not None and now - f.started > config.item_timeout_s}
+            if not late:
+                return None
+            finished, _ = self._call(ray.wait, list(late), num_returns=len(late), timeout=0)
+            hung = [f for ref, f in late.items() if ref not in finished]
+            return min(hung, key=lambda f: f.order) if hung else None
 
         submit()
         while flying:
-            ready, _ = self._call(ray.wait, list(flying), num_returns=1,
-                                  timeout=LIVENESS_POLL_S)
+            heads = running()
+            hung = overdue()
+            if hung is not None:
+                self._drop(hung.actor)
+                raise EngineError(
+                    f"{name(hung)} ran longer than engine.item_timeout_s="
+                    f"{config.item_timeout_s} s on the Ray cluster at {self.address}; its "
+                    "worker was stopped. Raise engine.item_timeout_s if the item is only slow, "
+                    "else run the stage with engine.kind=local to see where it hangs")
+            first_due = min(started for _, started in heads) + config.item_timeout_s
+            wait_s = min(LIVENESS_POLL_S, max(first_due - time.monotonic(), 0.0) + 0.01)
+            ready, _ = self._call(ray.wait, list(flying), num_returns=1, timeout=wait_s)
             if not ready:
                 self._call(ray.nodes)  # raises when the cluster itself is gone
                 continue
             for ref in ready:
-                actor, index, item = flying.pop(ref)
+                if ref not in flying:  # settled with a lost worker's others
+                    continue
+                flight = flying.pop(ref)
                 try:
-                    done[index] = ray.get(ref)
+                    done[flight.index] = self._result(ref)
                 except _lost_worker_errors():
-                    self._drop(actor)
-                    if not self._actors:
-                        raise EngineError(f"Ray cluster at {self.address}: every worker was "
-                                          "lost; rerun the stage: finished work is reused"
-                                          ) from None
-                    retry.append((index, item))
-                except rex.RayTaskError as exc:
-                    raise exc.cause from exc
-                except rex.RaySystemError as exc:
-                    raise self._lost(exc) from exc
+                    lost(flight)
             submit()
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1
+
+    def _result(self, ref: Any) -> Any:
+        """A finished item's value; `fn`'s own error raised as it is."""
+        import ray
+        from ray import exceptions as rex
+
+        try:
+            return ray.get(ref)
+        except _lost_worker_errors():
+            raise
+        except rex.RayTaskError as exc:
+            raise exc.cause from exc
+        except rex.RaySystemError as exc:
+            raise self._lost(exc) from exc
 
     def close(self) -> None:
         """Stop the workers; leave the cluster (stopping it when this engine started it)."""

@@ -1,12 +1,15 @@
 """The data-parallel stages on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, one
 CPU a node): dense vectors equal to the local ones bit for bit, each worker loading its
 encoder once; a node killed mid-stage, its shards rerun on the nodes left, same bytes; the
-evaluate stage's results equal to the local ones question for question; no Ray process left
-after the cluster stops. Slow (a cluster start costs ~10 s); CI runs it (.ci/run)."""
+evaluate stage's results equal to the local ones question for question; an item that hangs or
+that kills its worker fails the stage naming it (engine.item_timeout_s, engine.item_max_tries),
+the other workers alive; no Ray process left after the cluster stops. Slow (a cluster start
+costs ~10 s); CI runs it (.ci/run)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +25,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from searchrl.config import EngineConfig  # noqa: E402
 from searchrl.data.io import write_jsonl  # noqa: E402
-from searchrl.engine import RayEngine, open_engine  # noqa: E402
+from searchrl.engine import EngineError, RayEngine, open_engine  # noqa: E402
 from searchrl.eval.results import load_eval_result, read_question_results  # noqa: E402
 from searchrl.retrieval.embedding import (  # noqa: E402
     EmbeddingCache,
@@ -154,6 +157,50 @@ def test_a_node_killed_mid_stage_its_shards_rerun_on_the_nodes_left(
     assert bar.count == N
     assemble(cache, hashes, tmp_path / "emb.npy")
     assert np.load(tmp_path / "emb.npy").tobytes() == local_vectors
+
+
+def _alive(engine: RayEngine) -> int:
+    """The engine's workers that answer (each within 30 s)."""
+    return len(ray.get([actor.ready.remote() for actor in engine.workers()], timeout=30))
+
+
+# The item functions below are defined in the tests: cloudpickle sends a nested function by
+# value, so the workers need not import this module.
+
+
+@pytest.mark.timeout(180)  # before the fix the stage waited on the hung worker forever
+def test_an_item_that_hangs_fails_the_stage_naming_it_within_the_timeout(
+        cluster: Cluster) -> None:
+    def hang_on(state: Any, item: str) -> str:
+        if item == "hang":
+            time.sleep(3600)  # alive, never done: no worker is lost
+        return item
+
+    with open_engine(_engine(cluster, item_timeout_s=5.0)) as engine:
+        assert engine is not None and _alive(engine) == 2  # started before the clock
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=r"item 2 of .*hang_on \('hang'\) ran longer "
+                                              r"than engine.item_timeout_s=5.0"):
+            list(engine.map(hang_on, ["a", "b", "hang", "c"]))
+        assert time.monotonic() - started < 5.0 + 10.0
+        assert _alive(engine) == 1  # the hung worker was stopped, the other one answers
+
+
+def test_an_item_that_kills_its_worker_fails_after_item_max_tries(cluster: Cluster) -> None:
+    def crash_on(state: Any, item: str) -> str:
+        if item == "poison":
+            os._exit(1)  # as the OOM killer or a native crash would end the worker
+        return item
+
+    # Three workers on the two CPUs: two tries take two of them, the third is left.
+    config = _engine(cluster, workers=3, worker_cpus=0.5, item_max_tries=2)
+    with open_engine(config) as engine:
+        assert engine is not None and _alive(engine) == 3
+        with pytest.raises(EngineError, match=r"item 1 of .*crash_on \('poison'\): its worker "
+                                              r"died running it 2 times "
+                                              r"\(engine.item_max_tries=2\)"):
+            list(engine.map(crash_on, ["a", "poison", "b", "c", "d", "e", "f"]))
+        assert _alive(engine) == 1  # not retried on every worker until none is left
 
 
 def _comparable(path: str) -> list[dict[str, Any]]:

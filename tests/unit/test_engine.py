@@ -23,7 +23,8 @@ def test_local_is_the_default_and_runs_in_process() -> None:
 def test_engine_is_in_no_cache_key() -> None:
     base = PipelineConfig()
     ray = PipelineConfig.model_validate({"engine": {
-        "kind": "ray", "address": "ray://head:10001", "workers": 16, "worker_gpus": 1}})
+        "kind": "ray", "address": "ray://head:10001", "workers": 16, "worker_gpus": 1,
+        "item_timeout_s": 60, "item_max_tries": 1}})
     for result in RESULTS:
         assert "engine" not in base.inputs_of(result)
         assert ray.fingerprint_of(result) == base.fingerprint_of(result), result

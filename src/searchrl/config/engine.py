@@ -30,6 +30,13 @@ class EngineConfig(Section):
     # Seconds to reach the cluster, and for the workers to start, before the stage fails.
     connect_timeout_s: float = Field(15.0, gt=0.0)
     worker_start_timeout_s: float = Field(300.0, gt=0.0)
+    # Seconds one item (an embedding shard, an evaluation chunk: model load on first use
+    # included) may run on a worker before the stage fails naming it: a worker that hangs
+    # while alive is never lost, so without this the stage would wait for it forever.
+    item_timeout_s: float = Field(1800.0, gt=0.0)
+    # Workers one item may take down (its worker process died while running it) before the
+    # stage fails naming it, instead of retrying it on every worker until none is left.
+    item_max_tries: int = Field(3, ge=1)
     # Processes on this machine, beside the stage's own, that run corpus validation's
     # per-chunk checks (the `corpus` GX suite and the row schema) whatever `kind` is: the
     # stage reads and writes the corpus here. 0: every check in the stage's process.
