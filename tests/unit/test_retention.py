@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 from searchrl.__main__ import main as cli
 from searchrl.config import load_config
 from searchrl.config.pipeline import PipelineConfig
+from searchrl.data.io import content_sha256
 from searchrl.tracking import (
     CHALLENGER,
     PARENT_TAG,
@@ -29,6 +30,7 @@ from searchrl.tracking import (
     registered_policy,
     rollback,
 )
+from searchrl.train.checkpoint import FORMAT_VERSION
 from searchrl.weekly.retention import plan_prune, prune
 
 # ~25 s: a real MLflow sqlite store (creating it, five weeks, `mlflow gc`) is slow here.
@@ -78,6 +80,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
             ckpt = train / f"checkpoints.superseded-2026120{n + 1}T000000" / f"step_00000{step}"
             ckpt.mkdir(parents=True)
             (ckpt / "model.safetensors").write_bytes(b"w" * 100)
+            (ckpt / "manifest.json").write_text(json.dumps({  # as save_checkpoint writes it
+                "format_version": FORMAT_VERSION, "step": step,
+                "files": {"model.safetensors": content_sha256(ckpt / "model.safetensors")}}))
     cache = tmp / "work" / "build_index" / "embedding_cache" / "abcd"
     cache.mkdir(parents=True)
     for n, name in enumerate(("old", "mid", "new")):

@@ -12,8 +12,10 @@ What is deleted:
   every pipeline) beyond the newest `keep_weeks`, with their stage runs: marked deleted, then
   purged with `mlflow gc` where the store is local (its own retention);
 - superseded training runs in the work dir beyond the newest `keep_weeks`, and in the kept
-  ones every checkpoint but the newest `checkpoints_per_run`;
-- embedding-cache shards beyond `embedding_cache_max_bytes`, least recently used first;
+  ones every checkpoint but the newest `checkpoints_per_run` that verify; half-written
+  `.step_*.tmp` checkpoints (while no training runs in the work dir);
+- embedding-cache shards beyond `embedding_cache_max_bytes`, least recently used first
+  (while no index build holds the index stage dir's lock);
 - Prefect result records past their own expiration (the stage cache's `cache_expiration`).
 
 Never deleted: a version an alias points at (champion, previous-champion, challenger: what
@@ -32,12 +34,14 @@ import logging
 import shutil
 import time
 from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from searchrl.config import PipelineConfig
+from searchrl.locks import BusyError, held
 from searchrl.paths import StagePaths
 
 SUPERSEDED_GLOB = "checkpoints.superseded-*"
@@ -110,6 +114,12 @@ def local_path(uri: str) -> Path | None:
 
 
 def _superseded(config: PipelineConfig) -> list[Deletion]:
+    """Superseded training runs beyond the newest `keep_weeks`; in the kept ones, every step
+    but the newest `checkpoints_per_run` that verify (manifest and checksums: a newer corrupt
+    one is no keeper), and every half-written `.step_*.tmp` (no training writes into a
+    superseded run). Only called with no training in flight in the work dir."""
+    from searchrl.train.checkpoint import STEP_PREFIX, CheckpointError, verify_checkpoint
+
     train_dir = StagePaths(config.run.work_dir).train_dir
     runs = sorted((p for p in train_dir.glob(SUPERSEDED_GLOB) if p.is_dir()),
                   key=lambda p: p.name, reverse=True)  # the suffix is a timestamp
@@ -117,12 +127,28 @@ def _superseded(config: PipelineConfig) -> list[Deletion]:
     out = [Deletion("superseded run", str(p), disk_bytes(p),
                     f"older than the newest {keep} superseded training runs", (str(p),))
            for p in runs[keep:]]
+    per_run = config.retention.checkpoints_per_run
     for run in runs[:keep]:
-        steps = sorted(p for p in run.glob("step_*") if p.is_dir())
-        cut = len(steps) - config.retention.checkpoints_per_run
-        out += [Deletion("checkpoint", str(p), disk_bytes(p),
-                         f"{run.name} keeps its newest {config.retention.checkpoints_per_run}",
-                         (str(p),)) for p in steps[:max(0, cut)]]
+        steps = sorted((p for p in run.glob(f"{STEP_PREFIX}*") if p.is_dir()), reverse=True)
+        if len(steps) <= per_run:
+            continue  # nothing to choose between: no need to read them
+        kept = 0
+        for step in steps:  # newest first
+            if kept < per_run:
+                try:
+                    verify_checkpoint(step)
+                    kept += 1
+                    continue
+                except CheckpointError as exc:
+                    why = f"fails verification ({exc})"
+            else:
+                why = f"{run.name} keeps its newest {per_run} verified"
+            out.append(Deletion("checkpoint", str(step), disk_bytes(step), why, (str(step),)))
+    # Half-written checkpoints: of a superseded run, or of a live dir nobody trains in now.
+    for tmp in sorted(train_dir.glob(f"{CHECKPOINTS}*/.{STEP_PREFIX}*.tmp")):
+        out.append(Deletion("checkpoint", str(tmp), disk_bytes(tmp),
+                            "half-written (.tmp) by a training run that no longer runs",
+                            (str(tmp),)))
     return out
 
 
@@ -325,9 +351,11 @@ def prefect_result_storage() -> Path:
 
 
 def plan_prune(config: PipelineConfig, uri: str | None, *,
-               prefect_storage: Path | None = None, work_dir_in_flight: str | None = None
-               ) -> PrunePlan:
-    """What retention would delete now (nothing is touched)."""
+               prefect_storage: Path | None = None, work_dir_in_flight: str | None = None,
+               index_in_flight: str | None = None) -> PrunePlan:
+    """What retention would delete now (nothing is touched). `work_dir_in_flight` /
+    `index_in_flight`: why the work dir / the index stage dir is busy (`prune` holds their
+    locks, or says who does); their files are then left alone."""
     plan = PrunePlan()
     runs = _mlflow_plan(config, uri, plan) if uri else []
     in_flight = work_dir_in_flight or _in_flight_work_dir(
@@ -336,7 +364,12 @@ def plan_prune(config: PipelineConfig, uri: str | None, *,
         plan.skipped.append(f"the work dir {config.run.work_dir}: a run is in flight "
                             f"({in_flight})")
     else:
-        plan.deletions += _superseded(config) + _embedding_shards(config)
+        plan.deletions += _superseded(config)
+        if index_in_flight:
+            plan.skipped.append(f"the embedding cache: an index build is in flight "
+                                f"({index_in_flight})")
+        else:
+            plan.deletions += _embedding_shards(config)
     if config.retention.prefect_expired_results:
         plan.deletions += _expired_results(prefect_storage, plan)
     return plan
@@ -366,25 +399,30 @@ def apply_prune(plan: PrunePlan, uri: str | None) -> None:
 
 def prune(config: PipelineConfig, uri: str | None, *, dry_run: bool = False,
           prefect_storage: Path | None = None) -> PrunePlan:
-    """Plan and (unless `dry_run`) apply retention, holding the work dir's training lock so
-    no training starts in it meanwhile; a lock held elsewhere marks the work dir in flight."""
+    """Plan and (unless `dry_run`) apply retention, holding the work dir's training lock (no
+    training starts meanwhile) and the index stage dir's lock (the one every `build_index`
+    holds, the flow's and the CLI's: no build reads or writes embedding shards meanwhile); a
+    lock held elsewhere leaves what it guards alone."""
     from searchrl.train.checkpoint import CheckpointLockError, checkpoint_dir_lock
 
-    train_dir = StagePaths(config.run.work_dir).train_dir
-    if not train_dir.is_dir():  # nothing trained here yet: no lock to take (nor to create)
-        plan = plan_prune(config, uri, prefect_storage=prefect_storage)
-        if not dry_run:
-            apply_prune(plan, uri)
-        return plan
-    try:
-        with checkpoint_dir_lock(train_dir / CHECKPOINTS):
-            plan = plan_prune(config, uri, prefect_storage=prefect_storage)
-            if not dry_run:
-                apply_prune(plan, uri)
-            return plan
-    except CheckpointLockError as exc:
+    paths = StagePaths(config.run.work_dir)
+    with ExitStack() as locks:
+        training: str | None = None  # who holds a lock, when another process does
+        indexing: str | None = None
+        # Nothing there yet: no lock to take (nor a lock file to create).
+        if paths.train_dir.is_dir():
+            try:
+                locks.enter_context(checkpoint_dir_lock(paths.train_dir / CHECKPOINTS))
+            except CheckpointLockError as exc:
+                training = str(exc)
+        if paths.index_dir.is_dir():
+            try:
+                locks.enter_context(held(paths.index_dir, busy="an index build uses its "
+                                         "embedding cache"))
+            except BusyError as exc:
+                indexing = str(exc)
         plan = plan_prune(config, uri, prefect_storage=prefect_storage,
-                          work_dir_in_flight=str(exc))
+                          work_dir_in_flight=training, index_in_flight=indexing)
         if not dry_run:
             apply_prune(plan, uri)
         return plan
