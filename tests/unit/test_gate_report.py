@@ -236,6 +236,24 @@ def test_a_run_whose_steps_were_all_skipped_is_no_go_training_changed_nothing(
     assert saved["figures"]["skipped_steps"] == 3.0 and saved["figures"]["training_steps"] == 3.0
 
 
+def test_a_run_where_fewer_than_half_of_the_steps_updated_is_no_go(tmp_path: Path) -> None:
+    """The demo of issue 43: 1 of 10 steps updated the policy and the condition said PASS."""
+    from searchrl.gate.report import write_gate_report
+
+    ev = _eval(tmp_path, {"sft": 0.3, TRAINED: 0.6})  # GO on every other condition
+    metrics = _metrics(tmp_path / "metrics.jsonl", [UPDATED] + [NO_VARIANCE] * 9)
+    outcome = write_gate_report(_config(), ev, tmp_path / "gate", gold_pairs=500,
+                                stages=_train(3600.0), metrics_path=metrics)
+    assert not outcome.result.go
+    assert [c.name for c in outcome.result.failed] == ["training"]
+    assert outcome.result.reasons[0].startswith(
+        "training: too few steps updated the policy: 1 of 10 steps updated the policy")
+    half = _metrics(tmp_path / "half.jsonl", [UPDATED, NO_VARIANCE] * 2)
+    outcome = write_gate_report(_config(), ev, tmp_path / "gate2", gold_pairs=500,
+                                stages=_train(3600.0), metrics_path=half)
+    assert outcome.result.go, outcome.result.reasons  # half is enough
+
+
 def test_skipped_steps_are_stated_and_a_run_that_learned_passes(tmp_path: Path) -> None:
     from searchrl.gate.report import write_gate_report
 

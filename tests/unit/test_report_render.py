@@ -94,6 +94,31 @@ def test_figures_are_pngs() -> None:
         assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_em_by_system_plot_labels_never_overlap() -> None:
+    """Issue 43: under vertical bars, seven system names overlapped one another."""
+    from searchrl.gate.render import _plot_em_by_system
+
+    names = ["scripted", "no_search", "retrieve_once", "sft", "rejection_sampling",
+             "base_agentic", "champion", "trained"]
+    base = _report(go=True)
+    report = dataclasses.replace(base, systems={n: base.systems["sft"] for n in names})
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = _plot_em_by_system(report)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    (ax,) = fig.axes
+    renderer = canvas.get_renderer()
+    labels = [t for t in ax.get_yticklabels() + ax.get_xticklabels() if t.get_text()]
+    assert {t.get_text() for t in labels} >= set(names)
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), "two axis labels overlap"
+    inside = fig.bbox
+    assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 for b in boxes)  # none cut off
+
+
 def test_eval_sets_side_by_side_in_markdown_and_html() -> None:
     r = _report(go=True)
     hotpot = {"no_search": _results(0.0, n=10, searches=0), "sft": _results(0.2, n=10),

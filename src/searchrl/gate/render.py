@@ -365,19 +365,27 @@ def _colors(r: ReportInputs) -> dict[str, str]:
 
 
 def _plot_em_by_system(r: ReportInputs) -> Figure:
-    fig = Figure(figsize=(6, 3.2))
-    ax = fig.subplots()
+    """Horizontal bars, one row per system: names such as `rejection_sampling` beside
+    `retrieve_once` overlapped as labels under vertical bars."""
     names = list(r.systems)
+    fig = Figure(figsize=(6, 1.2 + 0.38 * max(len(names), 1)), layout="constrained")
+    ax = fig.subplots()
     means = [r.systems[n].em.mean for n in names]
     lows = [max(0.0, m - r.systems[n].em.lo) if math.isfinite(m) else 0 for n, m in
             zip(names, means, strict=True)]
     highs = [max(0.0, r.systems[n].em.hi - m) if math.isfinite(m) else 0 for n, m in
              zip(names, means, strict=True)]
     colors = [_colors(r)[n] for n in names]
-    ax.bar(names, [m if math.isfinite(m) else 0 for m in means], yerr=[lows, highs],
-           capsize=4, color=colors)
-    ax.set_ylabel("exact match")
-    ax.set_ylim(0, 1)
+    rows = list(range(len(names)))
+    ax.barh(rows, [m if math.isfinite(m) else 0 for m in means], xerr=[lows, highs],
+            capsize=3, color=colors)
+    ax.set_yticks(rows, names)
+    ax.invert_yaxis()  # the systems top to bottom in the report's order
+    for row, m in zip(rows, means, strict=True):
+        ax.text(1.0, row, f"{m:.3f}" if math.isfinite(m) else "n/a", va="center",
+                ha="right", fontsize=8)
+    ax.set_xlabel("exact match")
+    ax.set_xlim(0, 1)
     ax.set_title(f"EM by system ({r.eval_set}, 95% bootstrap CI)")
     return fig
 
