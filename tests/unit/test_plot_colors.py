@@ -24,7 +24,7 @@ def _bar_colours(report: ReportInputs) -> dict[str, dict[str, set[str]]]:
             if label and not label.startswith("_"):
                 seen.setdefault(label, set()).update(to_hex(b.get_facecolor()) for b in container)
         if plot == "em_by_system":
-            ticks = [t.get_text() for t in ax.get_xticklabels()]
+            ticks = [t.get_text() for t in ax.get_yticklabels()]  # one bar row per system
             for name, bar in zip(ticks, ax.patches, strict=True):
                 seen.setdefault(name, set()).add(to_hex(bar.get_facecolor()))
         if seen:
