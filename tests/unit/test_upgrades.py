@@ -215,3 +215,81 @@ def test_the_run_identity_covers_the_training_code_and_result_packages(
 
     monkeypatch.setattr("searchrl.codehash.known_sha256", edited)
     assert identity() != base
+
+
+def test_an_edited_module_the_trainer_reaches_starts_training_afresh(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # End to end through the trainer, which computes its own code fingerprint: a trainer
+    # that passed a constant would resume the old checkpoint after the edit.
+    from searchrl import codehash
+    from searchrl.train.grpo import train_grpo
+    from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
+
+    init = build_init_policy(tmp_path / "init")
+    config, examples, out = tiny_config(tmp_path), train_examples(), tmp_path / "out"
+
+    def train(stop_after: int | None = None) -> int:
+        result = train_grpo(config, examples, None, init, out,  # type: ignore[arg-type]
+                            rollout_fn=fake_rollouts, progress=False, stop_after=stop_after)
+        return result.resumed_from
+
+    assert train(stop_after=2) == 0  # interrupted after step 2 (its checkpoint kept)
+    assert train(stop_after=1) == 2  # the same code resumes it (the control), to step 3
+    # Upgrade: train/update.py (the PPO update the trainer calls) is edited on disk.
+    edited = tmp_path / "searchrl_upgraded" / "update.py"
+    edited.parent.mkdir()
+    real_update = codehash.module_file("searchrl.train.update")
+    assert real_update is not None
+    edited.write_text(real_update.read_text() + "\n# the upgrade's change\n")
+    real_module_file = codehash.module_file
+    monkeypatch.setattr(codehash, "module_file", lambda name: edited
+                        if name == "searchrl.train.update" else real_module_file(name))
+    assert train() == 0  # from step 0: last run's step-3 checkpoint is not resumed
+    aside = list(out.glob("checkpoints.superseded-*"))
+    assert len(aside) == 1 and (aside[0] / "step_000003").is_dir()  # kept as evidence
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_the_deepspeed_config_contents_key_the_train_stage_and_its_run_identity(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from searchrl.stages import files_of
+    from searchrl.types import IndexRef
+    from tasks import _common
+    from tasks.train import train_policy as train_task
+
+    # The key itself, not its lookup in Prefect's result store (no Prefect server here).
+    monkeypatch.setattr(_common, "usable_key", lambda base: base)
+
+    ds_json = tmp_path / "zero.json"
+    ds_json.write_text(json.dumps({"zero_optimization": {"stage": 0}}))
+    config = load_config("configs/tiny.yaml", [f"run.work_dir={tmp_path / 'work'}",
+                                               f"train.deepspeed_config={ds_json}"])
+    questions = [QAExample(id="q1", question="Where was Ann born?", golden_answers=("Oslo",))]
+    (tmp_path / "init").mkdir()
+    split = tmp_path / "train.jsonl"
+    split.write_text("{}\n")
+    params = {"config": config, "curriculum": None, "tracking_uri": None,
+              "parent_run_id": None,
+              "dataset": DatasetRef(paths={"train": str(split)}, fingerprints={},
+                                    corpus_path=str(split), corpus_fingerprint="",
+                                    fingerprint="d", files=files_of(split)),
+              "index": IndexRef(index_dir=str(tmp_path), fingerprint="i", retriever="bm25",
+                                files=files_of(split))}
+    context = SimpleNamespace(task=SimpleNamespace(fn=train_task.fn))
+
+    def keys() -> tuple[str | None, str]:
+        key_fn = train_task.cache_policy.cache_key_fn  # type: ignore[union-attr]
+        return (key_fn(context, params),  # the train stage's cache key, as Prefect asks it
+                run_identity(config, questions, tmp_path / "init", 1,
+                             init_key_file=tmp_path / "key", code="the trainer's"))
+
+    before = keys()
+    assert before[0] is not None and keys() == before
+    # Same path, other contents (ZeRO 2 and bf16): another stage result, another run.
+    ds_json.write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}))
+    after = keys()
+    assert after[0] != before[0] and after[1] != before[1]
+    assert config.inputs_of("train_policy")["train"]["deepspeed_config"] == str(ds_json)
