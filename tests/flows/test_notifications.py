@@ -24,6 +24,7 @@ from uuid import UUID
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.settings import PREFECT_API_URL
 
 from flows.automations import AUTOMATIONS_FILE, ROOT, load_automations, main
@@ -218,21 +219,35 @@ def weekly() -> None:
 
 weekly()
 """
+# The lost-run test's timing, scaled down from the deployments' (a heartbeat a minute, a
+# 600 s window): Prefect's shortest heartbeat, and a window one beat plus 20 s long (the
+# events' way to the server and the triggers' 5 s evaluation fit in it), so a live run's next
+# beat always comes in time and a killed run's never does.
+BEAT_S = 30
+WINDOW_S = BEAT_S + 20
 
 
-def _run_until_running(tmp_path: Path, name: str) -> subprocess.Popen[str]:
-    """A `searchrl-pipeline` flow in its own process against the test server, once running."""
-    script = tmp_path / "weekly.py"
+def _start(tmp_path: Path, name: str) -> subprocess.Popen[str]:
+    """A `searchrl-pipeline` flow in its own process against the test server, sending a
+    heartbeat every BEAT_S."""
+    script = tmp_path / f"{name}.py"
     script.write_text(SCRIPT.format(root=str(ROOT), name=name))
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()),
-           "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT, text=True,
+           "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(BEAT_S)}
+    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _until_running(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.strip() == "running":
             return proc
     raise AssertionError(f"the flow never ran (exit {proc.wait()})")
+
+
+def _run_until_running(tmp_path: Path, name: str) -> subprocess.Popen[str]:
+    return _until_running(_start(tmp_path, name))
 
 
 @pytest.mark.slow  # a process of its own (~10 s)
@@ -244,21 +259,48 @@ def test_sigterm_crash_arrives(receiver: Receiver, tmp_path: Path) -> None:
     assert "Run notify-sigterm: Crashed" in message["body"]
 
 
-@pytest.mark.slow  # waits out a heartbeat window (~40 s)
-def test_killed_run_without_heartbeats_arrives(receiver: Receiver, tmp_path: Path) -> None:
+def _heartbeats(name: str) -> int:
+    return len(_events("prefect.flow-run.heartbeat",
+                       lambda e: e.resource.get("prefect.resource.name") == name))
+
+
+def _state(name: str) -> str:
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    assert run.state is not None
+    return run.state.type.value
+
+
+@pytest.mark.slow  # outlives a heartbeat window and a beat (~90 s)
+def test_killed_run_is_marked_crashed_and_a_live_one_is_not(receiver: Receiver,
+                                                             tmp_path: Path) -> None:
     """SIGKILL (what the OOM killer sends): nothing marks the run ended but the heartbeat
-    automation. Installed here with a 20 s window instead of 10 minutes."""
+    automation, installed here with a WINDOW_S window instead of 10 minutes. Beside it a run
+    that stays alive, watched past a window and a beat: its heartbeats keep it Running, and
+    no one is told it was lost."""
     quick = tmp_path / "automations.yaml"
-    quick.write_text(AUTOMATIONS_FILE.read_text().replace("within: 600", "within: 20"))
+    quick.write_text(AUTOMATIONS_FILE.read_text().replace("within: 600", f"within: {WINDOW_S}"))
     assert main(["--url", receiver.url, "--file", str(quick)]) == 0
+    doomed, alive = _start(tmp_path, "notify-oom"), _start(tmp_path, "notify-alive")
     try:
-        proc = _run_until_running(tmp_path, "notify-oom")
-        beat = _events("prefect.flow-run.heartbeat",
-                       lambda e: e.resource.get("prefect.resource.name") == "notify-oom")
-        assert beat, "the run sent no heartbeat"
-        proc.kill()
-        proc.wait(timeout=30)
-        message = receiver.wait_for(_about("notify-oom", "Crashed"), timeout_s=120)
+        _until_running(doomed)
+        _until_running(alive)
+        alive_since = time.monotonic()
+        assert _heartbeats("notify-oom"), "the run sent no heartbeat"
+        doomed.kill()
+        doomed.wait(timeout=30)
+        message = receiver.wait_for(_about("notify-oom", "Crashed"), timeout_s=WINDOW_S + 90)
         assert "no heartbeat for 10 minutes" in message["body"]
+
+        time.sleep(max(0.0, alive_since + WINDOW_S + BEAT_S + 10 - time.monotonic()))
+        assert alive.poll() is None
+        assert _heartbeats("notify-alive") >= 2
+        assert _state("notify-alive") == "RUNNING"
+        assert not [m for m in receiver.messages if "notify-alive" in m.get("subject", "")]
     finally:
+        for proc in (doomed, alive):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # Crashed by its own hand, not left Running
+                proc.wait(timeout=60)
         assert main(["--url", receiver.url]) == 0
