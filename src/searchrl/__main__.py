@@ -18,7 +18,8 @@ under `run.work_dir`.
     python -m searchrl rollback --reason TEXT [--to VERSION] --config ...
                                     # point the registry's champion back at its
                                     # previous-champion (or at VERSION: a retry changes
-                                    # nothing), recording why
+                                    # nothing), recording why; one the store interrupted
+                                    # (exit 7) is finished by the next rollback
     python -m searchrl prune --config ... [--dry-run]
                                     # retention (the config's `retention:`): delete old
                                     # runs, versions, checkpoints, cache shards; --dry-run

@@ -12,6 +12,7 @@ retention's view of the store all go through it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -327,17 +328,42 @@ def set_version_tags(uri: str, name: str, version: str, tags: Mapping[str, str],
 def promote(uri: str, name: str, version: str, alias: str = "champion",
             previous_alias: str = PREVIOUS) -> str | None:
     """Point `alias` at `version`, keeping the version it replaces as `previous_alias` (and
-    on the new version's `previous_champion_version` tag); return the replaced version."""
+    on the new version's `previous_champion_version` tag); return the replaced version.
+    RegistryError while a rollback of `name` is unfinished (it would move the champion
+    under it): finish the rollback first."""
     client = MlflowClient(tracking_uri=uri)
-    current = registered_policy(uri, name, alias)
-    replaced = current["version"] if current and current["version"] != version else None
+    pending = _pending_rollback(client, name)
+    if pending is not None:
+        raise RegistryError(
+            f"model {name!r}: a rollback to version {pending['to']} ({pending['reason']}) "
+            f"started at {pending['at']} and did not finish; no promotion moves the champion "
+            "under it: re-run `python -m searchrl rollback --reason TEXT` to finish it, then "
+            "re-run the gate")
+    current = _alias_version(client, name, alias)
+    replaced = current if current is not None and current != version else None
     if replaced is not None:
         client.set_registered_model_alias(name, previous_alias, replaced)
         client.set_model_version_tag(name, version, PREVIOUS_TAG, replaced)
     client.set_registered_model_alias(name, alias, version)
-    client.set_model_version_tag(name, version, "promoted_at",
-                                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    client.set_model_version_tag(name, version, "promoted_at", _now())
+    client.set_model_version_tag(name, version, STATE_TAG, PROMOTED)
     return replaced
+
+
+# A version's latest registry event, written with the event: what `was_rolled_back` reads
+# (timestamps written in the same second cannot order two events).
+STATE_TAG = "searchrl.registry_state"
+PROMOTED, RESTORED, ROLLED_BACK = "promoted", "restored", "rolled_back"
+# On the registered model while a rollback is under way: what it will do (JSON: from, to,
+# previous, reason, at), written before anything moves and removed when all is done, so a
+# retry, plain or --to, finishes that same rollback (`rollback`).
+INTENT_TAG = "searchrl.rollback_intent"
+
+
+def _now() -> str:
+    """UTC, to the millisecond (ISO 8601)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def rollback(uri: str, name: str, reason: str, alias: str = "champion",
@@ -345,7 +371,14 @@ def rollback(uri: str, name: str, reason: str, alias: str = "champion",
              ) -> dict[str, str]:
     """Point `alias` back at the `previous_alias` version (or at `to_version`) and record why
     (tags on both versions and on the registered model). The restored version's own
-    predecessor becomes `previous_alias` (removed when it has none).
+    predecessor becomes `previous_alias` (removed when it has none, or retention deleted it).
+
+    A small state machine that converges: the intent (from, to, previous, reason, time) is
+    written on the registered model first (INTENT_TAG), then the versions are tagged, then
+    the aliases move, then the intent is removed. An interrupted rollback (the store failed
+    at any step: TrackingError) is finished by the next call, plain or with `to_version`,
+    with the first call's reason and time: the end state is the uninterrupted one's (a
+    `to_version` other than the unfinished one's target is then rolled back to from there).
 
     Never one generation further by accident: with `to_version`, a retry finds the champion
     already there and changes nothing (`already: "true"`); without it, a champion that a
@@ -355,67 +388,167 @@ def rollback(uri: str, name: str, reason: str, alias: str = "champion",
         raise RegistryError("rollback needs a reason (--reason TEXT): it is recorded on the "
                             "registry")
     client = MlflowClient(tracking_uri=uri)
-    current = registered_policy(uri, name, alias)
+    pending = _pending_rollback(client, name)
+    if pending is not None and _version_tags(client, name, pending["to"]) is None:
+        client.delete_registered_model_tag(name, INTENT_TAG)
+        raise RegistryError(
+            f"model {name!r}: an unfinished rollback to version {pending['to']} (started "
+            f"{pending['at']}) cannot finish: that version was deleted since. Its record is "
+            "dropped; check the aliases and roll back again (rollback --to VERSION)")
+    if pending is not None:
+        done = _carry_out(client, name, alias, previous_alias, pending) | {"resumed": "true"}
+        if to_version is None or to_version == pending["to"]:
+            return done
+    intent = _plan_rollback(client, uri, name, reason, alias, previous_alias, to_version)
+    if intent is None:
+        to = str(to_version)
+        return {"model": name, "from_version": to, "to_version": to, "reason": reason,
+                "at": (_version_tags(client, name, to) or {}).get("restored_at", ""),
+                "already": "true"}
+    _step(name, lambda: client.set_registered_model_tag(name, INTENT_TAG, json.dumps(intent)))
+    return _carry_out(client, name, alias, previous_alias, intent)
+
+
+def _plan_rollback(client: MlflowClient, uri: str, name: str, reason: str, alias: str,
+                   previous_alias: str, to_version: str | None) -> dict[str, str] | None:
+    """The rollback's intent (every lookup done, nothing changed), None when `to_version` is
+    the champion already."""
+    current = _alias_version(client, name, alias)
     if to_version is not None:
         target = _version_tags(client, name, to_version)
         if target is None:
             raise RegistryError(f"model {name!r} in {uri} has no version {to_version}: "
                                 "nothing to roll back to")
         _refuse_unreadable(name, to_version, target)
-        if current is not None and current["version"] == to_version:
-            return {"model": name, "from_version": to_version, "to_version": to_version,
-                    "reason": reason, "at": target.get("restored_at", ""), "already": "true"}
+        if current == to_version:
+            return None
     else:
         if current is not None:
-            tags = _version_tags(client, name, current["version"]) or {}
+            tags = _version_tags(client, name, current) or {}
             if _restored_last(tags):
                 raise RegistryError(
-                    f"model {name!r}: champion version {current['version']} was itself restored "
-                    f"by a rollback at {tags['restored_at']} ({tags.get('restored_reason', '')}); "
+                    f"model {name!r}: champion version {current} was itself restored by a "
+                    f"rollback at {tags['restored_at']} ({tags.get('restored_reason', '')}); "
                     "another plain rollback would go one generation further: to do that, name "
                     "the version (rollback --to VERSION)")
-        previous = registered_policy(uri, name, previous_alias)
+        previous = _alias_version(client, name, previous_alias)
         if previous is None:
             raise RegistryError(f"model {name!r} has no {previous_alias!r} alias in {uri}: "
                                 "nothing to roll back to (a previous champion is kept only "
                                 "when a GO replaces one)")
-        to_version = previous["version"]
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    client.set_registered_model_alias(name, alias, to_version)
-    client.set_model_version_tag(name, to_version, "restored_reason", reason)
-    client.set_model_version_tag(name, to_version, "restored_at", when)
-    if current is not None:
-        client.set_model_version_tag(name, current["version"], "rolled_back_reason", reason)
-        client.set_model_version_tag(name, current["version"], "rolled_back_at", when)
-    earlier = client.get_model_version(name, to_version).tags.get(PREVIOUS_TAG)
-    if earlier:
-        client.set_registered_model_alias(name, previous_alias, earlier)
-    else:
-        client.delete_registered_model_alias(name, previous_alias)
-    from_version = current["version"] if current else ""
-    client.set_registered_model_tag(
-        name, "last_rollback", f"{when}: version {from_version or '?'} -> {to_version}: "
-                               f"{reason}"[:5000])
-    return {"model": name, "from_version": from_version, "to_version": to_version,
-            "reason": reason, "at": when, "already": "false"}
+        to_version = previous
+        target = _version_tags(client, name, to_version) or {}
+    earlier = target.get(PREVIOUS_TAG, "")
+    note = ""
+    if earlier and (earlier == to_version or _version_tags(client, name, earlier) is None):
+        note = (f"its predecessor, version {earlier}, is no longer in the registry (retention "
+                f"deletes unaliased versions): no {previous_alias!r} after this rollback")
+        earlier = ""
+    return {"from": current or "", "to": to_version, "previous": earlier, "reason": reason,
+            "at": _now(), "note": note}
+
+
+def _carry_out(client: MlflowClient, name: str, alias: str, previous_alias: str,
+               intent: Mapping[str, str]) -> dict[str, str]:
+    """The steps of the rollback `intent`, in order; each sets what it sets, so a repeat
+    after an interruption changes nothing already done."""
+    old, to, reason, when = intent["from"], intent["to"], intent["reason"], intent["at"]
+    steps: list[tuple[str, Any]] = []
+    if old:
+        steps += [(f"mark version {old} rolled back", lambda: _set_version_tags(
+            client, name, old, {"rolled_back_reason": reason, "rolled_back_at": when,
+                                STATE_TAG: ROLLED_BACK}))]
+    steps += [
+        (f"mark version {to} restored", lambda: _set_version_tags(
+            client, name, to, {"restored_reason": reason, "restored_at": when,
+                               STATE_TAG: RESTORED})),
+        (f"point {alias!r} at version {to}",
+         lambda: client.set_registered_model_alias(name, alias, to)),
+        (f"point {previous_alias!r} at version {intent['previous']}" if intent["previous"]
+         else f"remove {previous_alias!r}",
+         lambda: client.set_registered_model_alias(name, previous_alias, intent["previous"])
+         if intent["previous"] else client.delete_registered_model_alias(name, previous_alias)),
+        ("record it on the model", lambda: client.set_registered_model_tag(
+            name, "last_rollback",
+            f"{when}: version {old or '?'} -> {to}: {reason}"[:5000])),
+        ("close the rollback", lambda: client.delete_registered_model_tag(name, INTENT_TAG)),
+    ]
+    for what, step in steps:
+        _step(name, step, what)
+    return {"model": name, "from_version": old, "to_version": to, "reason": reason,
+            "at": when, "already": "false", "previous_version": intent["previous"],
+            **({"note": intent["note"]} if intent.get("note") else {})}
+
+
+def _step(name: str, step: Any, what: str = "record the rollback's intent") -> None:
+    try:
+        step()
+    except mlflow.exceptions.MlflowException as exc:
+        raise TrackingError(
+            f"model {name!r}: the rollback stopped at '{what}' ({exc}); the registry records "
+            "what it was doing: re-run `python -m searchrl rollback` (plain, or with the same "
+            "--to) to finish it") from exc
+
+
+def _set_version_tags(client: MlflowClient, name: str, version: str,
+                      tags: Mapping[str, str]) -> None:
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value[:5000])
+
+
+def _pending_rollback(client: MlflowClient, name: str) -> dict[str, str] | None:
+    """The intent of a rollback of `name` that started and did not finish, else None."""
+    try:
+        raw = client.get_registered_model(name).tags.get(INTENT_TAG)
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise TrackingError(f"model {name!r}: the registry did not answer ({exc})") from exc
+    if not raw:
+        return None
+    intent = json.loads(raw)
+    return {k: str(intent.get(k, "")) for k in ("from", "to", "previous", "reason", "at",
+                                                "note")}
+
+
+def _alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
+    """The version `alias` points at, None when the model or the alias does not exist;
+    TrackingError when the registry fails to answer (never read as "no champion")."""
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise TrackingError(f"model {name!r}: the registry did not answer for alias "
+                            f"{alias!r} ({exc})") from exc
 
 
 def _version_tags(client: MlflowClient, name: str, version: str) -> dict[str, str] | None:
+    """The version's tags, None when it does not exist; TrackingError when the registry fails
+    to answer (never read as "no such version")."""
     try:
         return dict(client.get_model_version(name, version).tags)
-    except mlflow.exceptions.MlflowException:
-        return None
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise TrackingError(f"model {name!r}: the registry did not answer for version "
+                            f"{version} ({exc})") from exc
 
 
 def _restored_last(tags: Mapping[str, str]) -> bool:
     """The version's latest registry event is a rollback restoring it (not a promotion, not
     a rollback away from it)."""
+    if STATE_TAG in tags:
+        return tags[STATE_TAG] == RESTORED
+    # Tagged before the state existed: by time (one-second resolution then).
     return bool(tags.get("restored_at")) and tags.get("restored_at", "") >= max(
         tags.get("rolled_back_at", ""), tags.get("promoted_at", ""))
 
 
 def was_rolled_back(tags: Mapping[str, str]) -> bool:
     """The version's latest registry event is a rollback away from it."""
+    if STATE_TAG in tags:
+        return tags[STATE_TAG] == ROLLED_BACK
     return bool(tags.get("rolled_back_at")) and not _restored_last(tags)
 
 
