@@ -37,6 +37,7 @@ from searchrl.config import PipelineConfig
 from searchrl.eval.audit import new_gold_suspects
 from searchrl.eval.run import TRAIN_SUSPECTS_FILE
 from searchrl.paths import StagePaths
+from searchrl.stages import check_inputs
 from searchrl.types import DatasetRef, Decision, EvalRef
 
 SUSPECTS_SHOWN = 20
@@ -125,6 +126,7 @@ def announce_drift(config: PipelineConfig, dataset: DatasetRef) -> list[str]:
 
 def announce_new_suspects(config: PipelineConfig, evaluation: EvalRef) -> list[dict[str, Any]]:
     """An event for `gold_likely_wrong` suspects no earlier run of this work dir reported."""
+    check_inputs("announce_new_suspects", evaluation)  # this run's suspects, not another's
     eval_dir = Path(evaluation.results_path).parent
     seen = StagePaths(config.run.work_dir).work_dir / "history" / "gold_suspects_seen.json"
     files = [eval_dir / "suspect_labels.jsonl", eval_dir / TRAIN_SUSPECTS_FILE]

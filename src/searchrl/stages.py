@@ -7,7 +7,10 @@ nothing else, so both run exactly the same code and write the same files under
 `run.work_dir`. A stage removes its `ref.json` first and writes it last: a stage directory
 with a `ref.json` is complete, and the CLI reads a stage's inputs from its upstream stages'
 `ref.json`. Every reference lists the files it stands for with their fingerprints, so a cached
-reference is reused only while those files exist unchanged (`ref_is_current`).
+reference is reused only while those files exist unchanged (`ref_is_current`), and a stage
+reads only what its own upstream wrote: it checks its input references' files before it reads
+them and again before it publishes (`check_inputs`), so a run whose inputs another run on the
+same work dir replaced fails naming them instead of deciding on that run's numbers.
 
 `STAGES` says, per stage, which inputs outside the references (data files, contract suites,
 overrides, the registry's champion) its result depends on; the config values it depends on

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 
 from flows.pipeline import pipeline
 from searchrl import codehash, stages
+from searchrl.eval.baselines import TRAINED
+from searchrl.eval.results import load_eval_result
 from searchrl.stages import REF_FILE
 from searchrl.tracking import child_runs
 from searchrl.train.cold_start import SFT_STATS_FILE
@@ -151,3 +154,57 @@ def test_a_comparator_failing_after_grpo_leaves_the_train_stage_incomplete_then_
     checkpoint = result["checkpoint"]
     assert checkpoint.rs_dir and Path(checkpoint.rs_dir).is_dir()
     assert json.loads((train_dir / REF_FILE).read_text())["rs_dir"] == checkpoint.rs_dir
+
+
+def _trained(results_path: str) -> dict[str, float]:
+    """The trained system's summary in an evaluation's results (timings left out)."""
+    summary = load_eval_result(results_path).systems[TRAINED].summary
+    return {"em": summary.em.mean, "f1": summary.f1.mean,
+            "searches": summary.searches_per_question, "tokens": summary.tokens_per_query}
+
+
+@pytest.mark.slow  # three pipeline runs (~4 min): CI's slow run
+def test_two_runs_at_once_on_one_work_dir_each_decide_on_their_own_numbers(
+        prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run A (seed 1) evaluates, then run B (seed 2: another cold start, policy and numbers)
+    # runs whole on the same work dir before A's gate: B replaces train_policy/ and
+    # evaluate_policy/. A's gate must not decide (nor register) on B's numbers.
+    shared = [*FAST, f"run.work_dir={tmp_path / 'work'}",
+              f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    run_a, run_b = [*shared, "run.seed=1"], [*shared, "run.seed=2"]
+    a_at_gate, b_done = threading.Event(), threading.Event()
+    a_numbers: dict[str, Any] = {}
+    real_gate = stages.decide_go_no_go
+
+    def gate(config: Any, dataset: Any, checkpoint: Any, evaluation: Any, sink: Any) -> Any:
+        if config.run.seed == 1 and not a_at_gate.is_set():
+            a_numbers.update(_trained(evaluation.results_path))
+            a_at_gate.set()
+            assert b_done.wait(900), "run B did not finish"
+        return real_gate(config, dataset, checkpoint, evaluation, sink)
+
+    monkeypatch.setattr(stages, "decide_go_no_go", gate)
+    outcome: dict[str, Any] = {}
+    first_a = threading.Thread(target=lambda: outcome.update(a=pipeline(
+        config_path="configs/tiny.yaml", overrides=run_a, return_state=True)))
+    first_a.start()
+    try:
+        assert a_at_gate.wait(900), "run A did not reach its gate"
+        b = pipeline(config_path="configs/tiny.yaml", overrides=run_b)
+    finally:
+        b_done.set()
+        first_a.join(900)
+    # B decided on B's numbers, which are not A's (the test would pass vacuously otherwise).
+    b_numbers = _trained(b["evaluation"].results_path)
+    assert b_numbers != a_numbers
+    assert b["decision"].figures["em_trained"] == pytest.approx(b_numbers["em"])
+    # A refused: its checkpoint (or evaluation) on disk is B's now; no decision, no registry.
+    state = outcome["a"]
+    assert state.is_failed()
+    error = repr(state.result(raise_on_failure=False))
+    assert "ReplacedInputError" in error and "wrote it for this run" in error, error
+    # Re-run A: the stages B replaced run again for A, and A decides on A's own numbers.
+    a = pipeline(config_path="configs/tiny.yaml", overrides=run_a)
+    assert _trained(a["evaluation"].results_path) == a_numbers
+    assert a["decision"].figures["em_trained"] == pytest.approx(a_numbers["em"])
+    assert {"train_policy", "evaluate_policy", "decide_go_no_go"} <= _stages_run(a)
