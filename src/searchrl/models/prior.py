@@ -41,6 +41,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as hf_logging
 
 from searchrl.retrieval.dense import BUNDLED_ENCODER, encoder_hash, resolve_encoder_path
 
@@ -126,7 +127,14 @@ def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed
     config.attention_probs_dropout_prob = 0.0
     config.architectures = ["BertLMHeadModel"]
     torch.manual_seed(seed)  # the new LM-head transform
-    model = BertLMHeadModel.from_pretrained(str(source), config=config)
+    # transformers reports the LM head as MISSING and the pooler as UNEXPECTED: both by
+    # design here (module docstring), so the report would only alarm a reader.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = BertLMHeadModel.from_pretrained(str(source), config=config)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     old = cast(torch.Tensor, model.get_input_embeddings().weight).detach()
     tag_rows = [old[full(tag, add_special_tokens=False)["input_ids"]].mean(0) for tag in tags]
     rows = torch.cat([old[keep], torch.stack(tag_rows)]) if tags else old[keep]
