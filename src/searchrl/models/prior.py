@@ -130,7 +130,7 @@ def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed
     # transformers reports the LM head as MISSING and the pooler as UNEXPECTED: both by
     # design here (module docstring), so the report would only alarm a reader.
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     try:
         model = BertLMHeadModel.from_pretrained(str(source), config=config)
     finally:
