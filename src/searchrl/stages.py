@@ -772,7 +772,8 @@ def _plan_promotion(config: PipelineConfig, uri: str | None, checkpoint: Checkpo
 
     assert uri is not None
     found = version_with_weights(uri, config.registry_model_name,
-                                 weights_digest(Path(checkpoint.policy_dir)))
+                                 weights_digest(Path(checkpoint.policy_dir)),
+                                 Path(checkpoint.policy_dir))
     existing, tags = found if found else (None, {})
     blocked = _FROZEN if config.gate.freeze_promotions else None
     if existing is not None and existing == champion:

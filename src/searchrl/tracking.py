@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,6 +38,8 @@ PARENT_TAG = "mlflow.parentRunId"
 _BATCH_METRICS = 1000
 _BATCH_PARAMS_TAGS = 100
 STAGE_TAG = "searchrl.stage"
+
+log = logging.getLogger(__name__)
 
 
 _T = TypeVar("_T")
@@ -317,12 +320,17 @@ def register_policy(uri: str, run_id: str, policy_dir: Path, name: str, alias: s
 def set_version_tags(uri: str, name: str, version: str, tags: Mapping[str, str], *,
                      alias: str | None = None) -> None:
     """Tag an existing version (the latest gate's figures on a candidate already registered)
-    and point `alias` at it."""
+    and point `alias` at it, unless another alias holds it already: a re-run whose candidate
+    is the champion leaves `challenger` on the newest other candidate (which would otherwise
+    lose its alias, and retention's protection, to a version protected anyway)."""
     client = MlflowClient(tracking_uri=uri)
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, str(value)[:5000])
     if alias is not None:
-        client.set_registered_model_alias(name, alias, version)
+        others = {str(v) for a, v in client.get_registered_model(name).aliases.items()
+                  if a != alias}
+        if version not in others:
+            client.set_registered_model_alias(name, alias, version)
 
 
 def promote(uri: str, name: str, version: str, alias: str = "champion",
@@ -552,19 +560,78 @@ def was_rolled_back(tags: Mapping[str, str]) -> bool:
     return bool(tags.get("rolled_back_at")) and not _restored_last(tags)
 
 
-def version_with_weights(uri: str, name: str, digest: str) -> tuple[str, dict[str, str]] | None:
+def version_with_weights(uri: str, name: str, digest: str, policy_dir: Path | None = None
+                         ) -> tuple[str, dict[str, str]] | None:
     """(version, tags) of the newest version of `name` registered with weights `digest`
-    (WEIGHTS_TAG), None when none is (or the model does not exist)."""
+    (WEIGHTS_TAG), None when none is (or the model does not exist).
+
+    With `policy_dir` (the candidate whose digest `digest` is): an aliased version registered
+    before the tag existed (champion, previous-champion, challenger: the ones a re-run's
+    decision turns on) is downloaded and compared tensor by tensor (its files were re-saved
+    when it was logged, so their bytes may differ), and stamped with `digest` when equal: the
+    first re-run after the upgrade does not register the champion again."""
     client = MlflowClient(tracking_uri=uri)
     try:
         versions = client.search_model_versions(f"name = '{name}'")
     except mlflow.exceptions.MlflowException:
         return None
-    same = [v for v in versions if v.tags.get(WEIGHTS_TAG) == digest]
+    stamped = {str(v.version): dict(v.tags) for v in versions if WEIGHTS_TAG in v.tags}
+    unstamped = [v for v in versions if WEIGHTS_TAG not in v.tags]
+    if (policy_dir is not None and unstamped
+            and not any(t[WEIGHTS_TAG] == digest for t in stamped.values())):
+        aliased = {str(v) for v in client.get_registered_model(name).aliases.values()}
+        for mv in sorted(unstamped, key=lambda v: int(v.version), reverse=True):
+            if str(mv.version) in aliased and _holds_weights(uri, name, mv, policy_dir):
+                client.set_model_version_tag(name, str(mv.version), WEIGHTS_TAG, digest)
+                stamped[str(mv.version)] = dict(mv.tags) | {WEIGHTS_TAG: digest}
+                break
+    same = [v for v, tags in stamped.items() if tags[WEIGHTS_TAG] == digest]
     if not same:
         return None
-    newest = max(same, key=lambda v: int(v.version))
-    return str(newest.version), dict(newest.tags)
+    newest = max(same, key=int)
+    return newest, stamped[newest]
+
+
+def _holds_weights(uri: str, name: str, mv: Any, policy_dir: Path) -> bool:
+    """Whether registered version `mv` holds the tensors of `policy_dir` (False, with a
+    warning, when it cannot be read)."""
+    tmp = Path(tempfile.mkdtemp(prefix="searchrl-weights-"))
+    try:
+        got = download_policy_version(uri, name, {"version": str(mv.version), "run_id": str(
+            mv.run_id or ""), "source": str(mv.source)}, tmp / "policy")
+        return _same_tensors(got, Path(policy_dir))
+    except (RegistryError, mlflow.exceptions.MlflowException, OSError) as exc:
+        log.warning("model %s version %s: registered without %s and its weights could not be "
+                    "read (%s): a candidate with its weights is registered as a new version",
+                    name, mv.version, WEIGHTS_TAG, exc)
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _same_tensors(one: Path, other: Path) -> bool:
+    """Equal tensor names, dtypes and values across the two directories' *.safetensors files
+    (read one tensor at a time), whatever the files' names, metadata or layout."""
+    import torch
+    from safetensors import safe_open
+
+    def tensors(root: Path) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for file in sorted(root.rglob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as handle:
+                out |= dict.fromkeys(handle.keys(), file)
+        return out
+
+    ours, theirs = tensors(one), tensors(other)
+    if not ours or ours.keys() != theirs.keys():
+        return False
+    for key in sorted(ours):
+        with safe_open(str(ours[key]), framework="pt") as a, \
+                safe_open(str(theirs[key]), framework="pt") as b:
+            x, y = a.get_tensor(key), b.get_tensor(key)
+        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
+            return False
+    return True
 
 
 def _refuse_unreadable(name: str, version: str, tags: Mapping[str, str]) -> None:

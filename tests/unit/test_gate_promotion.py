@@ -298,3 +298,37 @@ def test_a_candidate_is_stored_once_as_the_model_its_training_run_logged(
         got / "model.safetensors")
     assert set(ours) == set(theirs) and all((ours[k] == theirs[k]).all() for k in ours)
     assert version.tags[WEIGHTS_TAG] == weights_digest(candidate)
+
+
+def test_a_rerun_of_the_champion_leaves_the_challenger_on_the_newest_other_candidate(
+        tmp_path: Path) -> None:
+    uri = fresh_mlflow_uri(tmp_path)
+    config = _config(tmp_path, uri)
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    _gate(tmp_path, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
+    _gate(tmp_path, config, uri, policy,
+          {"retrieve_once": 0.2, "champion": 0.8, TRAINED: 0.6}, "b")  # NO-GO
+    assert (_alias(uri, "champion"), _alias(uri, CHALLENGER)) == ("1", "2")
+    # A re-run that trains the champion's weights again: the candidate is version 1, which
+    # the champion alias protects; version 2 keeps `challenger` (and retention's protection).
+    _gate(tmp_path, config, uri, policy,
+          {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.6}, "a-rerun", weights="a")
+    assert (_alias(uri, "champion"), _alias(uri, CHALLENGER)) == ("1", "2")
+    assert model_version_tags(uri, "searchrl-world-b", "1")["last_decision"] == "GO"
+
+
+def test_a_champion_registered_before_weights_sha256_is_recognised_by_a_rerun(
+        tmp_path: Path) -> None:
+    uri = fresh_mlflow_uri(tmp_path)
+    config = _config(tmp_path, uri)
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    _gate(tmp_path, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
+    client = MlflowClient(tracking_uri=uri)
+    digest = model_version_tags(uri, "searchrl-world-b", "1")[WEIGHTS_TAG]
+    client.delete_model_version_tag("searchrl-world-b", "1", WEIGHTS_TAG)  # as registered
+    # before the stamp. The first re-run after the upgrade: the champion, not a new version.
+    _gate(tmp_path, config, uri, policy,
+          {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.6}, "a-rerun", weights="a")
+    assert [v.version for v in client.search_model_versions("name = 'searchrl-world-b'")] == [1]
+    assert "weights are the champion's (registered version 1)" in _report_notes(tmp_path)
+    assert model_version_tags(uri, "searchrl-world-b", "1")[WEIGHTS_TAG] == digest  # stamped
