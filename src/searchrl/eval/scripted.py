@@ -6,18 +6,19 @@ Its predecessor (regular expressions over train's literal question templates, is
 `eval/scripted_regex.py`, kept only for the side-by-side of benchmarks/bench_scripted.py.
 
 How it answers a question:
-1. Entities, from the corpus: search the question itself; the names the hits' passages use
-   (their titles, and every capitalised name inside a sentence, which covers the aliases a
-   passage introduces, "X, known as A") that occur in the question are its entities, longest
-   first. "the <profession> X" where a hit is titled "X (<profession>)" (a namesake). No
-   guess about capitalised words: "Tell me ..." or "Of A and B ..." name no entity.
-2. Question type, by meaning: the question with its entities replaced by "X" is embedded with
-   the shipped encoder and takes the type of its nearest train question (cosine), among the
-   types whose train questions name as many entities, of the same kind. Kinds are learnt, not
-   listed: types whose train questions start from the same passage are one kind (people,
-   organisations, cities, countries); a passage is of the kind of the train anchor passage
-   whose words it shares most. So an unseen phrasing ("Tell me the nation X arrived in") is
-   read by what it means and whom it asks about, not by its literal words.
+1. Entities, from the corpus: search each capitalised run of the question; the names the
+   hits' passages use (their titles, and every capitalised name inside a sentence, which
+   covers the aliases a passage introduces, "X, known as A") that occur in the question are
+   its entities, longest first; "the <profession> X" where a hit is titled "X (<profession>)"
+   (a namesake). Capitalisation only makes the queries: "Tell me ..." or "Of A and B ..."
+   name no entity unless the corpus uses that name.
+2. Question type, by meaning: the question with its entities replaced by a made-up name is
+   embedded with the shipped encoder and takes the type of its nearest train question
+   (cosine), among the types whose train questions name as many entities, of the same kind.
+   Kinds are learnt, not listed: types whose train questions start from the same passage are
+   one kind (people, organisations, cities, countries); a passage is of the kind of the train
+   anchor passage whose words it shares most. So an unseen phrasing ("Tell me the nation X
+   arrived in") is read by what it means and whom it asks about, not by its literal words.
 3. A fixed plan per type, the retriever's searches read with the regular expressions below
    (the corpus's sentence forms): search the entity (a namesake by profession and name),
    follow a founder named by an alias or profession with a second search, stop early when the
@@ -67,7 +68,10 @@ _FACTS: dict[str, re.Pattern[str]] = {
 # Classic world sentences: "<org> is a <industry> organisation founded by <person>."
 _CLASSIC_FOUNDER = re.compile(rf"organisation founded by ({_NAME})\.")
 QUESTION_HITS = 10  # hits of the question search that entity names are read from
-SLOT = "X"  # what an entity becomes in the embedded question
+# What an entity becomes in the embedded question: a made-up name, read by the encoder as the
+# names it meets (type accuracy on tuning worlds 101 / 102 dev, nearest train question among
+# the entity's kind: "Zorb" 292 / 287 of 300, "X" 282 / 279, "it" 273 / 267).
+SLOT = "Zorb"
 
 Mention = tuple[str | None, str]  # (profession of a namesake or None, name)
 
