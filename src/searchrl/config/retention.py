@@ -35,7 +35,8 @@ class RetentionConfig(Section):
     # (tasks/_common.py's cache_expiration) are deleted from the local result storage.
     prefect_expired_results: bool = True
     # A RUNNING MLflow run started less than this long ago marks the work dir as in flight
-    # (nothing in it is pruned); an older one is a crashed run (SIGKILL, lost machine).
+    # (nothing in it is pruned) and keeps its week; an older one is a crashed run (SIGKILL,
+    # lost machine: it never finishes) and protects nothing.
     running_stale_hours: float = Field(48.0, gt=0.0)
     # MLflow run ids and registered model versions (as "v3" or "3") never deleted; a model
     # version tagged `pinned=true` is kept as well.
