@@ -49,13 +49,13 @@ def script(world: ReadingWorld, encoder: Encoder) -> ScriptedSystem:
 
 def test_answers_a_phrasing_no_train_question_used(world: ReadingWorld,
                                                    script: ScriptedSystem) -> None:
-    """Form 5 of each person and organisation question ("Tell me ..."): train uses 0-1."""
+    """Forms 4-5 of person and organisation questions: train uses forms 0-1 only."""
     person = next(p for p in world.persons if not p.namesake and p.alias is None)
     org = world.organisations[0]
     asked = {f"Tell me where {person.name} first saw daylight.": person.born_in,
              f"Tell me the year {person.name} arrived.": str(person.year),
              f"Tell me the home city of {org.name}.": org.hq,
-             f"Tell me the home nation of {org.name}.": world.cities[org.hq]}
+             f"Name the country that hosts {org.name}.": world.cities[org.hq]}
     for question, answer in asked.items():
         assert script.answer(question).answer == answer, question
 
