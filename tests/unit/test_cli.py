@@ -37,7 +37,7 @@ def test_generate_world_and_validate(tmp_path: Path, capsys: pytest.CaptureFixtu
     ref = json.loads(capsys.readouterr().out)  # the stage's DatasetRef, also in its ref.json
     written = json.loads((tmp_path / "validate_gold_labels" / "ref.json").read_text())
     assert written == {"format_version": REF_FORMAT, **ref}  # stamped with its layout
-    assert all(Path(p).is_file() for p in ref["files"])
+    assert all(Path(p).exists() for p in ref["files"])  # files, and the gold digest dir
     counts = json.loads((tmp_path / "validate_gold_labels" / "audit.json").read_text())["counts"]
     assert counts["rows_in"] == counts["clean"] + counts["quarantined"]
     # The next stage reads that reference; once a file it names is gone it says what to re-run.
