@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 # mlflow: ~30 s to import them, ~11 s once their bytecode is on disk. The first run writes it.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install demo test test-all lint typecheck check bench clean steward-env lock
+.PHONY: install demo demo-prior test test-all lint typecheck check bench clean steward-env lock
 
 # Every version comes from requirements/lock.txt (scripts/lock.sh; a constraints file: EXTRAS
 # picks what is installed, the lock fixes which version), so a new upstream release never
@@ -54,6 +54,13 @@ $(STEWARD_VENV)/.installed: $(STEWARD_LOCK) | install
 # Exit 1 is the gate's NO-GO: a finished run with a decision, not a failed demo.
 demo: install  ## the whole pipeline on the embedded default (tiny model, bundled data, CPU)
 	$(BIN)/python flows/pipeline.py --config configs/tiny.yaml; rc=$$?; \
+	  if [ $$rc -eq 1 ]; then echo "demo finished: the gate decided NO-GO (exit 1), see the report"; \
+	  else exit $$rc; fi
+
+# The pretrained prior (configs/prior.yaml, docs/results/prior.md): the policy that learns
+# from RL here; several times the demo's time on 2 cores.
+demo-prior: install  ## the whole pipeline with the MiniLM prior (bundled, prepared offline)
+	$(BIN)/python flows/pipeline.py --config configs/prior.yaml; rc=$$?; \
 	  if [ $$rc -eq 1 ]; then echo "demo finished: the gate decided NO-GO (exit 1), see the report"; \
 	  else exit $$rc; fi
 
