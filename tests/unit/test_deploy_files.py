@@ -252,7 +252,8 @@ def test_prefect_yaml_deployments() -> None:
 
 def test_prefect_yaml_placeholders_resolve() -> None:
     """Prefect substitutes `{{ name }}` only: anything else (a Jinja filter) stays literal in
-    the deployment. Environment placeholders are the ones deploy_smoke.sh and the README set."""
+    the deployment. Environment placeholders are the ones deploy_smoke.sh and the operator's
+    page (docs/operations.md) set."""
     text = (ROOT / "prefect.yaml").read_text()
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     found = find_placeholders(body)
@@ -260,7 +261,8 @@ def test_prefect_yaml_placeholders_resolve() -> None:
     assert written == {p.full_match for p in found}, "a {{ ... }} Prefect will not substitute"
     env_vars = {p.name.removeprefix("$") for p in found if p.name.startswith("$")}
     assert env_vars == {"SEARCHRL_REPO_DIR", "SEARCHRL_DATA_DIR"}
-    smoke, readme = (ROOT / "scripts/deploy_smoke.sh").read_text(), (ROOT / "README.md").read_text()
+    smoke = (ROOT / "scripts/deploy_smoke.sh").read_text()
+    readme = (ROOT / "docs/operations.md").read_text()
     for var in env_vars:
         assert f"export {var}=" in smoke and var in readme, var
 
