@@ -42,6 +42,7 @@ from searchrl.data.world import (
     ORG_KINDS,
     PROFESSIONS,
     World,
+    draw_geography,
     made_up_word,
     unique_names,
 )
@@ -222,15 +223,9 @@ class _Candidate:
 def _build(cfg: SyntheticWorldConfig, rng: random.Random) -> ReadingWorld:
     world = ReadingWorld()
     taken: set[str] = set()
-    countries = unique_names(rng, cfg.n_countries, lambda: made_up_word(rng, 2) + "ia", taken)
-    cities = unique_names(rng, cfg.n_cities, lambda: made_up_word(rng, rng.choice([2, 3])), taken)
-    for i, city in enumerate(cities):
-        world.cities[city] = countries[i] if i < len(countries) else rng.choice(countries)
-    for country in countries:
-        world.capitals[country] = next(c for c, k in world.cities.items() if k == country)
-    names = unique_names(
-        rng, cfg.n_people,
-        lambda: f"{made_up_word(rng, 2)} {made_up_word(rng, rng.choice([2, 3]))}", taken)
+    geo = draw_geography(cfg.n_countries, cfg.n_cities, cfg.n_people, rng, taken)
+    world.cities, world.capitals = geo.cities, geo.capitals
+    countries, cities, names = geo.countries, geo.city_names, geo.people
     aliases = iter(unique_names(rng, cfg.n_people + cfg.n_organisations,
                                 lambda: made_up_word(rng, 2), taken))
     for name in names:

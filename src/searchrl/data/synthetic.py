@@ -27,6 +27,7 @@ from searchrl.data.world import (
     ORG_KINDS,
     PROFESSIONS,
     World,
+    draw_geography,
     made_up_word,
     unique_names,
 )
@@ -42,19 +43,9 @@ SYNTHETIC_TYPES = (
 def _build_entities(cfg: SyntheticWorldConfig, rng: random.Random) -> World:
     world = World()
     taken: set[str] = set()
-    countries = unique_names(rng, cfg.n_countries, lambda: made_up_word(rng, 2) + "ia", taken)
-    cities = unique_names(rng, cfg.n_cities, lambda: made_up_word(rng, rng.choice([2, 3])), taken)
-    for i, city in enumerate(cities):
-        # Round-robin first so every country has a city (its capital), then random.
-        world.cities[city] = countries[i] if i < len(countries) else rng.choice(countries)
-    for country in countries:
-        world.capitals[country] = next(c for c, k in world.cities.items() if k == country)
-    people = unique_names(
-        rng,
-        cfg.n_people,
-        lambda: f"{made_up_word(rng, 2)} {made_up_word(rng, rng.choice([2, 3]))}",
-        taken,
-    )
+    geo = draw_geography(cfg.n_countries, cfg.n_cities, cfg.n_people, rng, taken)
+    world.cities, world.capitals = geo.cities, geo.capitals
+    countries, cities, people = geo.countries, geo.city_names, geo.people
     for person in people:
         world.people[person] = {"born_in": rng.choice(cities),
                                 "profession": rng.choice(PROFESSIONS)}

@@ -43,6 +43,37 @@ def unique_names(
     return names
 
 
+@dataclass(frozen=True)
+class Geography:
+    """The places and people's names every synthetic world starts from."""
+
+    cities: dict[str, str]  # city -> country
+    capitals: dict[str, str]  # country -> capital city
+    countries: list[str]  # in drawing order
+    city_names: list[str]  # in drawing order
+    people: list[str]  # "First Last", in drawing order
+
+
+def draw_geography(n_countries: int, n_cities: int, n_people: int, rng: random.Random,
+                   taken: set[str]) -> Geography:
+    """Countries ("...ia"), cities (every country gets one first: its capital), and people's
+    two-word names, all unique across the world (`taken`), drawn from `rng` in a fixed order:
+    both world profiles call this first, so a seed gives the same places in both."""
+    countries = unique_names(rng, n_countries, lambda: made_up_word(rng, 2) + "ia", taken)
+    city_names = unique_names(rng, n_cities, lambda: made_up_word(rng, rng.choice([2, 3])),
+                              taken)
+    cities: dict[str, str] = {}
+    for i, city in enumerate(city_names):
+        # Round-robin first so every country has a city (its capital), then random.
+        cities[city] = countries[i] if i < len(countries) else rng.choice(countries)
+    capitals = {country: next(c for c, k in cities.items() if k == country)
+                for country in countries}
+    people = unique_names(
+        rng, n_people,
+        lambda: f"{made_up_word(rng, 2)} {made_up_word(rng, rng.choice([2, 3]))}", taken)
+    return Geography(cities, capitals, countries, city_names, people)
+
+
 @dataclass
 class World:
     people: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> born_in, profession
