@@ -172,80 +172,18 @@ def _shape(text: str) -> frozenset[str]:
     return frozenset(_WORD.findall(_CAPITALISED.sub(" ", text)))
 
 
-class ScriptedSystem:
-    """Answers questions with fixed plans; question types learnt from `train` only (its
-    questions, and the passages its questions start from, as the searcher returns them)."""
+class FixedReader:
+    """The reading half of a fixed program: per question type a fixed plan of searches,
+    facts read from the passages with patterns over the corpus's sentence forms, hops chained,
+    years compared. Subclasses say how a question is understood (`understand`: its type and
+    entities); `ScriptedSystem` is the pipeline's, `scripted_regex.RegexScriptedSystem` the
+    regex program it replaced."""
 
-    def __init__(self, train: Sequence[QAExample], searcher: Searcher, top_k: int = 3,
-                 encoder: Encoder | None = None) -> None:
-        self.searcher = searcher
-        self.top_k = top_k
-        self.encoder = encoder or default_encoder()
-        questions: list[str] = []
-        self.types: list[str] = []
-        n_entities: dict[str, Counter[int]] = {}
-        anchors: dict[str, set[str]] = {}  # anchor passage id -> types asked from it
-        shapes: dict[str, frozenset[str]] = {}
-        for ex in train:
-            if ex.type is None:
-                continue
-            hits = self._hits(ex.question)
-            mentions = find_mentions(ex.question, hits)
-            if not mentions:
-                continue
-            questions.append(_masked(ex.question, mentions))
-            self.types.append(ex.type)
-            n_entities.setdefault(ex.type, Counter())[len(mentions)] += 1
-            for mention, _, _ in mentions:
-                hit = _entity_hit(mention, hits)
-                if hit is not None:
-                    anchors.setdefault(hit.doc_id, set()).add(ex.type)
-                    shapes[hit.doc_id] = _shape(hit.contents)
-        self.n_entities = {t: c.most_common(1)[0][0] for t, c in n_entities.items()}
-        self.kind = _kinds(anchors.values())
-        self.anchor_shapes = [(shapes[d], self.kind[min(ts)]) for d, ts in sorted(anchors.items())]
-        self.vectors: NDArray[np.float32] = (_embed(self.encoder, questions) if questions
-                                             else np.zeros((0, 1), np.float32))
-
-    # --- understanding the question
-
-    def _hits(self, question: str) -> list[SearchHit]:
-        """Hits for each capitalised run of the question (a name, perhaps with a capitalised
-        first word: "Of Zorb Quux"): the question as a whole ranks passages sharing its
-        common words ("nation", "town") above the one it names."""
-        runs = list(dict.fromkeys(m.group() for m in _CAPITALISED.finditer(question)))
-        if not runs:
-            return []
-        hits: dict[str, SearchHit] = {}
-        for found in self.searcher.search_batch(runs, QUESTION_HITS):
-            for h in found:
-                hits.setdefault(h.doc_id, h)
-        return list(hits.values())
-
-    def passage_kind(self, text: str) -> int | None:
-        """The kind of the train anchor passage sharing the most words with `text`."""
-        shape = _shape(text)
-        best = max(self.anchor_shapes, default=None,
-                   key=lambda a: len(shape & a[0]) / (len(shape | a[0]) or 1))
-        return best[1] if best is not None else None
+    searcher: Searcher
+    top_k: int
 
     def understand(self, question: str) -> tuple[str | None, list[Mention]]:
-        """(question type, entities) of a question."""
-        hits = self._hits(question)
-        found = find_mentions(question, hits)
-        mentions = [m for m, _, _ in found]
-        if not found or not self.types:
-            return None, mentions
-        first = _entity_hit(mentions[0], hits)
-        kind = self.passage_kind(first.contents) if first is not None else None
-        allowed = {t for t, n in self.n_entities.items()
-                   if n == len(mentions) and (kind is None or self.kind[t] == kind)}
-        vector = _embed(self.encoder, [_masked(question, found)])[0]
-        scores = self.vectors @ vector
-        order = np.argsort(-scores, kind="stable")
-        best = next((self.types[i] for i in order if self.types[i] in allowed),
-                    self.types[int(order[0])])
-        return best, mentions
+        raise NotImplementedError
 
     def qtype(self, question: str) -> str | None:
         return self.understand(question)[0]
@@ -358,6 +296,82 @@ class ScriptedSystem:
         if qtype == "org_founder_birth_year":
             return self._fact(person, "born_year")
         return self._country_of_birth(person, out)
+
+
+class ScriptedSystem(FixedReader):
+    """Answers questions with fixed plans; question types learnt from `train` only (its
+    questions, and the passages its questions start from, as the searcher returns them)."""
+
+    def __init__(self, train: Sequence[QAExample], searcher: Searcher, top_k: int = 3,
+                 encoder: Encoder | None = None) -> None:
+        self.searcher = searcher
+        self.top_k = top_k
+        self.encoder = encoder or default_encoder()
+        questions: list[str] = []
+        self.types: list[str] = []
+        n_entities: dict[str, Counter[int]] = {}
+        anchors: dict[str, set[str]] = {}  # anchor passage id -> types asked from it
+        shapes: dict[str, frozenset[str]] = {}
+        for ex in train:
+            if ex.type is None:
+                continue
+            hits = self._hits(ex.question)
+            mentions = find_mentions(ex.question, hits)
+            if not mentions:
+                continue
+            questions.append(_masked(ex.question, mentions))
+            self.types.append(ex.type)
+            n_entities.setdefault(ex.type, Counter())[len(mentions)] += 1
+            for mention, _, _ in mentions:
+                hit = _entity_hit(mention, hits)
+                if hit is not None:
+                    anchors.setdefault(hit.doc_id, set()).add(ex.type)
+                    shapes[hit.doc_id] = _shape(hit.contents)
+        self.n_entities = {t: c.most_common(1)[0][0] for t, c in n_entities.items()}
+        self.kind = _kinds(anchors.values())
+        self.anchor_shapes = [(shapes[d], self.kind[min(ts)]) for d, ts in sorted(anchors.items())]
+        self.vectors: NDArray[np.float32] = (_embed(self.encoder, questions) if questions
+                                             else np.zeros((0, 1), np.float32))
+
+    # --- understanding the question
+
+    def _hits(self, question: str) -> list[SearchHit]:
+        """Hits for each capitalised run of the question (a name, perhaps with a capitalised
+        first word: "Of Zorb Quux"): the question as a whole ranks passages sharing its
+        common words ("nation", "town") above the one it names."""
+        runs = list(dict.fromkeys(m.group() for m in _CAPITALISED.finditer(question)))
+        if not runs:
+            return []
+        hits: dict[str, SearchHit] = {}
+        for found in self.searcher.search_batch(runs, QUESTION_HITS):
+            for h in found:
+                hits.setdefault(h.doc_id, h)
+        return list(hits.values())
+
+    def passage_kind(self, text: str) -> int | None:
+        """The kind of the train anchor passage sharing the most words with `text`."""
+        shape = _shape(text)
+        best = max(self.anchor_shapes, default=None,
+                   key=lambda a: len(shape & a[0]) / (len(shape | a[0]) or 1))
+        return best[1] if best is not None else None
+
+    def understand(self, question: str) -> tuple[str | None, list[Mention]]:
+        """(question type, entities) of a question."""
+        hits = self._hits(question)
+        found = find_mentions(question, hits)
+        mentions = [m for m, _, _ in found]
+        if not found or not self.types:
+            return None, mentions
+        first = _entity_hit(mentions[0], hits)
+        kind = self.passage_kind(first.contents) if first is not None else None
+        allowed = {t for t, n in self.n_entities.items()
+                   if n == len(mentions) and (kind is None or self.kind[t] == kind)}
+        vector = _embed(self.encoder, [_masked(question, found)])[0]
+        scores = self.vectors @ vector
+        order = np.argsort(-scores, kind="stable")
+        best = next((self.types[i] for i in order if self.types[i] in allowed),
+                    self.types[int(order[0])])
+        return best, mentions
 
 
 def _kinds(groups: Iterable[set[str]]) -> dict[str, int]:
