@@ -1,6 +1,7 @@
 """Where a GRPO step's time goes, and the trainer's throughput and peak memory.
 
     .venv/bin/python benchmarks/bench_train.py [--steps 40] [--work DIR] [--compare]
+                                              [--compare-only]
                                               [key.sub=value ...]
 
 Runs the demo's training stage in process on the embedded default (configs/tiny.yaml unless
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", action="store_true",
                         help="also greedy test EM by hop: SFT (agentic, no_search, "
                              "retrieve_once) vs the GRPO policy")
+    parser.add_argument("--compare-only", action="store_true",
+                        help="no training: compare --work's cold start with its GRPO policy")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     parser.add_argument("--no-mlflow", action="store_true", help="log to no sink")
     parser.add_argument("--world-seed", type=int, default=None,
@@ -112,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     searcher = LocalSearcher(world.passages, config.index.model_copy(update={"retriever": "bm25"}),
                              bm25=BM25Index.build([p.contents for p in world.passages]))
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-train-"))
+    if args.compare_only:
+        best = work / "grpo" / "best_policy"
+        compare(config, world, searcher, work / "sft",
+                best if best.is_dir() else work / "grpo" / "policy")
+        return 0
     t0 = time.perf_counter()
     sft = cold_start(config, world.splits["train"], world.passages, searcher, work / "sft")
     sft_s = time.perf_counter() - t0
@@ -171,13 +179,18 @@ def compare(config: Any, world: Any, searcher: Any, sft: Path, policy: Path) -> 
                          mode=mode, rollout_fn=capture)
         correct[name] = [float(r.correct) for r in batches[-1].records]
         print(name, json.dumps({k: round(v, 3) for k, v in sorted(ev.items())}))
-    # Paired over the same questions (greedy, so one record per question, test order).
+    # Paired over the same questions (greedy, so one record per question, test order), by
+    # hop count and by the world's named slices (unseen_phrasing, answer_novel, ...).
+    named = sorted({s for e in test for s in e.slices})
     for label, keep in (("all", [True] * len(test)),
-                        *((f"hop{h}", [e.hops == h for e in test]) for h in (1, 2, 3))):
+                        *((f"hop{h}", [e.hops == h for e in test]) for h in (1, 2, 3)),
+                        *((name, [name in e.slices for e in test]) for name in named)):
         pick = [i for i, k in enumerate(keep) if k]
         delta = paired_bootstrap_delta([correct["grpo"][i] for i in pick],
                                        [correct["sft"][i] for i in pick], samples=2000)
-        print(f"grpo - sft EM {label}: {delta.mean * 100:+.1f} points, 95% CI "
+        em = {k: sum(correct[k][i] for i in pick) / max(len(pick), 1) for k in correct}
+        print(f"{label}: EM sft {em['sft']:.3f} retrieve_once {em['retrieve_once']:.3f} grpo "
+              f"{em['grpo']:.3f}; grpo - sft EM {delta.mean * 100:+.1f} points, 95% CI "
               f"[{delta.lo * 100:+.1f}, {delta.hi * 100:+.1f}] (n={delta.n})")
 
 
