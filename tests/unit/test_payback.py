@@ -8,16 +8,14 @@ import math
 import pytest
 
 from searchrl.gate.payback import (
-    CostInputs,
     InvalidInputError,
     compute_payback,
     payback_curve,
 )
+from tests.unit.test_gate import COSTS
 
-BASE = CostInputs(gpu_type="H100", gpu_price_per_hour=2.5, training_gpu_hours=40.0,
-                  production_queries_per_month=100_000, small_tokens_per_query=800,
-                  small_price_per_1k_tokens=0.0005, frontier_tokens_per_query=1500,
-                  frontier_price_per_1k_tokens=0.01)
+# The hand-computed case the gate's tests decide on too.
+BASE = COSTS
 
 
 def test_hand_computed_case() -> None:
