@@ -24,7 +24,6 @@ psutil = pytest.importorskip("psutil")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from searchrl.config import EngineConfig  # noqa: E402
-from searchrl.data.io import write_jsonl  # noqa: E402
 from searchrl.engine import EngineError, RayEngine, open_engine  # noqa: E402
 from searchrl.eval.results import load_eval_result, read_question_results  # noqa: E402
 from searchrl.retrieval.embedding import (  # noqa: E402
@@ -36,13 +35,15 @@ from searchrl.retrieval.embedding import (  # noqa: E402
     run_shards_on,
     text_hashes,
 )
-from searchrl.retrieval.index_store import build_indexes  # noqa: E402
 from searchrl.sinks import NullSink  # noqa: E402
 from searchrl.stages import evaluate_policy  # noqa: E402
-from searchrl.types import CheckpointRef, DatasetRef, IndexRef  # noqa: E402
 from tests.helpers import save_tiny_policy  # noqa: E402
 from tests.unit.test_embedding_shards import CONFIG, make_corpus, texts_of  # noqa: E402
-from tests.unit.test_metrics_eval_run import DOCS, EXAMPLES, _config  # noqa: E402
+from tests.unit.test_metrics_eval_run import (  # noqa: E402
+    DOCS,
+    _config,
+    two_corpus_inputs,
+)
 
 # One torch thread in this process, as each Ray worker runs (`engine.worker_cpus=1`): on some
 # CPUs float32 kernels round differently with another thread count (a CI machine: last-bit
@@ -220,28 +221,12 @@ def test_evaluate_stage_on_ray_equals_local_per_question(
 
     monkeypatch.setattr(RayEngine, "map", counting_map)
     policy_dir = save_tiny_policy(DOCS.values(), tmp_path / "policy")
-    main_corpus, other_corpus = tmp_path / "corpus.jsonl", tmp_path / "other_corpus.jsonl"
-    write_jsonl(main_corpus, [{"id": k, "contents": v} for k, v in DOCS.items()])
-    write_jsonl(other_corpus, [{"id": "o1", "contents": "Quorn is a moon of Brask."},
-                               {"id": "o2", "contents": "Brask is a planet founded by Bob."}])
-    test, other = tmp_path / "test.jsonl", tmp_path / "other.jsonl"
-    write_jsonl(test, [e.model_dump(mode="json") for e in EXAMPLES])
-    write_jsonl(other, [{"id": f"o{i}", "question": f"Which moon of Brask {i}?",
-                         "golden_answers": ["Quorn"]} for i in range(4)])
     base = _config()
     config = base.model_copy(update={
         "index": base.index.model_copy(update={"retriever": "bm25",
                                                 "eval_all_retrievers": False}),
         "eval": base.eval.model_copy(update={"baselines": ("retrieve_once", "no_search")})})
-    index_dir = tmp_path / "index"
-    build_indexes({"main": main_corpus, "other": other_corpus}, {}, index_dir, config.index,
-                  NullSink(), progress=False)
-    dataset = DatasetRef(paths={"test": str(test)}, fingerprints={},
-                         corpus_path=str(main_corpus), corpus_fingerprint="", fingerprint="d",
-                         extra_evals={"other": str(other)},
-                         extra_corpora={"other": str(other_corpus)})
-    index = IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25")
-    ckpt = CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir))
+    dataset, index, ckpt = two_corpus_inputs(tmp_path, config, policy_dir)
     results = {}
     for kind in ("local", "ray"):
         run = config.model_copy(update={

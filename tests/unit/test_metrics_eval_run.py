@@ -141,8 +141,11 @@ def _retrieved(trajectories: Path) -> set[str]:
             for turn in json.loads(line)["retrieved_doc_ids"] for d in turn}
 
 
-def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
-        policy_dir: Path, tmp_path: Path) -> None:
+def two_corpus_inputs(tmp_path: Path, config: PipelineConfig, policy_dir: Path
+                      ) -> tuple[DatasetRef, IndexRef, CheckpointRef]:
+    """The evaluate stage's inputs over two corpora: the test split (EXAMPLES) in DOCS and a
+    second eval set in a corpus of its own, both indexed with `config.index`; references
+    built by hand (no `files`: they vouch for nothing the stage would check)."""
     main_corpus, other_corpus = tmp_path / "corpus.jsonl", tmp_path / "other_corpus.jsonl"
     write_jsonl(main_corpus, [{"id": k, "contents": v} for k, v in DOCS.items()])
     write_jsonl(other_corpus, [{"id": "o1", "contents": "Quorn is a moon of Brask."},
@@ -151,13 +154,6 @@ def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
     write_jsonl(test, [e.model_dump(mode="json") for e in EXAMPLES])
     write_jsonl(other, [{"id": f"o{i}", "question": f"Which moon of Brask {i}?",
                          "golden_answers": ["Quorn"]} for i in range(4)])
-    work = tmp_path / "work"
-    config = _config().model_copy(update={
-        "run": _config().run.model_copy(update={"work_dir": work}),
-        "index": _config().index.model_copy(update={"retriever": "bm25",
-                                                     "eval_all_retrievers": False}),
-        "eval": _config().eval.model_copy(update={
-            "baselines": ("retrieve_once",), "max_questions_per_set": 3})})
     index_dir = tmp_path / "index"
     build_indexes({"main": main_corpus, "other": other_corpus}, {}, index_dir, config.index,
                   NullSink(), progress=False)
@@ -165,8 +161,20 @@ def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
                          corpus_path=str(main_corpus), corpus_fingerprint="", fingerprint="d",
                          extra_evals={"other": str(other)},
                          extra_corpora={"other": str(other_corpus)})
-    index = IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25")
-    ckpt = CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir))
+    return (dataset, IndexRef(index_dir=str(index_dir), fingerprint="i", retriever="bm25"),
+            CheckpointRef(policy_dir=str(policy_dir), fingerprint="p", sft_dir=str(policy_dir)))
+
+
+def test_evaluate_stage_runs_every_system_on_each_eval_set_in_its_own_corpus(
+        policy_dir: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    config = _config().model_copy(update={
+        "run": _config().run.model_copy(update={"work_dir": work}),
+        "index": _config().index.model_copy(update={"retriever": "bm25",
+                                                     "eval_all_retrievers": False}),
+        "eval": _config().eval.model_copy(update={
+            "baselines": ("retrieve_once",), "max_questions_per_set": 3})})
+    dataset, index, ckpt = two_corpus_inputs(tmp_path, config, policy_dir)
     # What an earlier run with another config left: not this run's output nor artifact.
     stale = [work / "evaluate_policy" / "questions_champion.jsonl",
              work / "evaluate_policy" / "champion" / "config.json"]
