@@ -14,6 +14,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,14 @@ def down() -> Iterator[FailingService]:
     service.close()
 
 
-def _client(service: FailingService) -> RetrievalClient:
-    return RetrievalClient(service.url, timeout_s=5.0, retries=RETRIES, backoff_s=0.01)
+@contextmanager
+def _client(service: FailingService) -> Iterator[RetrievalClient]:
+    """A client of `service` with the tests' retries, closed after the block."""
+    client = RetrievalClient(service.url, timeout_s=5.0, retries=RETRIES, backoff_s=0.01)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def _rollouts(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
@@ -136,11 +143,8 @@ def _rollouts(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
 def test_service_500_becomes_an_observation_and_a_counted_metric(
         searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
-    client = _client(down)
-    try:
+    with _client(down) as client:
         batch = _rollouts(searching_model, tok, client)  # must not raise
-    finally:
-        client.close()
     records, stats = batch.records, batch.stats
     searches = sum(len(r.queries) for r in records)
     assert searches >= len(records)  # the policy really searched: the fault was exercised
@@ -185,12 +189,8 @@ def _info_text(segments: list[tuple[str, int, int]], ids: list[int],
 def test_a_dead_service_past_the_limit_fails_the_rollout_naming_it(
         searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
-    client = _client(down)
-    try:
-        with pytest.raises(RetrieverFailedError) as caught:
-            _rollouts(searching_model, tok, client, ROLLOUT)  # the default limit
-    finally:
-        client.close()
+    with _client(down) as client, pytest.raises(RetrieverFailedError) as caught:
+        _rollouts(searching_model, tok, client, ROLLOUT)  # the default limit
     message = str(caught.value)
     assert f"retrieval service {client.url}/retrieve" in message  # which service
     assert "HTTP 500" in message  # its last error
@@ -212,11 +212,10 @@ def test_failures_under_the_limit_stay_observations() -> None:
 def test_transient_500s_are_absorbed_by_the_retries(
         searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> None:
     service = FailingService(period=RETRIES + 1)  # 500, 500, then 200, for every call
-    client = _client(service)
     try:
-        batch = _rollouts(searching_model, tok, client)
+        with _client(service) as client:
+            batch = _rollouts(searching_model, tok, client)
     finally:
-        client.close()
         service.close()
     records = batch.records
     assert batch.stats["search_calls"] >= 1
@@ -254,12 +253,9 @@ def test_grpo_step_with_the_service_down_fails_instead_of_training(
     from searchrl.train.grpo import train_grpo
 
     init, config = _one_step_setup(tmp_path, searching_model, tok, ROLLOUT, checkpoint_every=1)
-    client = _client(down)
-    try:
-        with pytest.raises(RetrieverFailedError, match="search calls failed"):
-            train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
-    finally:
-        client.close()
+    with _client(down) as client, pytest.raises(RetrieverFailedError,
+                                                 match="search calls failed"):
+        train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
     # Nothing was trained on the errors: no step logged, no checkpoint, no final policy.
     metrics = tmp_path / "out" / "metrics.jsonl"
     assert not metrics.exists() or metrics.read_text().strip() == ""
@@ -273,11 +269,8 @@ def test_grpo_step_with_failures_tolerated_completes_and_logs_the_errors(
     from searchrl.train.grpo import train_grpo
 
     init, config = _one_step_setup(tmp_path, searching_model, tok, TOLERANT, checkpoint_every=0)
-    client = _client(down)
-    try:
+    with _client(down) as client:
         result = train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
-    finally:
-        client.close()
     assert result.steps_done == 1 and result.skipped_steps == 0
     row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     rollouts = config.train.questions_per_step * config.rollout.group_size
