@@ -107,16 +107,22 @@ def test_the_em_by_system_plot_labels_never_overlap() -> None:
     fig = _plot_em_by_system(report)
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
-    (ax,) = fig.axes
+    bars = fig.axes[0]
     renderer = canvas.get_renderer()
-    labels = [t for t in ax.get_yticklabels() + ax.get_xticklabels() if t.get_text()]
-    assert {t.get_text() for t in labels} >= set(names)
+    values = fig.axes[1]  # the EM of each system, right of the plot
+    labels = [t for t in bars.get_yticklabels() + bars.get_xticklabels()
+              + values.get_yticklabels() if t.get_text()]
+    assert {t.get_text() for t in labels} >= set(names) | {"0.300"}  # names and values
+    # No label sits on a bar (a value drawn inside the plot hid behind scripted's 0.96 bar).
+    plot = bars.get_window_extent(renderer)
     boxes = [t.get_window_extent(renderer) for t in labels]
     for i, a in enumerate(boxes):
         for b in boxes[i + 1:]:
             assert not a.overlaps(b), "two axis labels overlap"
     inside = fig.bbox
     assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 for b in boxes)  # none cut off
+    assert not any(plot.x0 < (b.x0 + b.x1) / 2 < plot.x1 and plot.y0 < (b.y0 + b.y1) / 2
+                   < plot.y1 for b in boxes)
 
 
 def test_eval_sets_side_by_side_in_markdown_and_html() -> None:

@@ -381,11 +381,13 @@ def _plot_em_by_system(r: ReportInputs) -> Figure:
             capsize=3, color=colors)
     ax.set_yticks(rows, names)
     ax.invert_yaxis()  # the systems top to bottom in the report's order
-    for row, m in zip(rows, means, strict=True):
-        ax.text(1.0, row, f"{m:.3f}" if math.isfinite(m) else "n/a", va="center",
-                ha="right", fontsize=8)
     ax.set_xlabel("exact match")
     ax.set_xlim(0, 1)
+    # Each EM as a label outside the plot, on the right: inside it, a bar near 1 hid it.
+    values = ax.twinx()
+    values.set_ylim(ax.get_ylim())
+    values.set_yticks(rows, [f"{m:.3f}" if math.isfinite(m) else "n/a" for m in means])
+    values.tick_params(axis="y", length=0)
     ax.set_title(f"EM by system ({r.eval_set}, 95% bootstrap CI)")
     return fig
 
