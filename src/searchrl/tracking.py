@@ -525,10 +525,9 @@ def _alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
     try:
         return str(client.get_model_version_by_alias(name, alias).version)
     except mlflow.exceptions.MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
-        raise TrackingError(f"model {name!r}: the registry did not answer for alias "
-                            f"{alias!r} ({exc})") from exc
+        _raise_unless_absent(exc, f"model {name!r}: the registry did not answer for alias "
+                                  f"{alias!r}")
+        return None
 
 
 def _version_tags(client: MlflowClient, name: str, version: str) -> dict[str, str] | None:
@@ -537,10 +536,18 @@ def _version_tags(client: MlflowClient, name: str, version: str) -> dict[str, st
     try:
         return dict(client.get_model_version(name, version).tags)
     except mlflow.exceptions.MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
-        raise TrackingError(f"model {name!r}: the registry did not answer for version "
-                            f"{version} ({exc})") from exc
+        _raise_unless_absent(exc, f"model {name!r}: the registry did not answer for version "
+                                  f"{version}")
+        return None
+
+
+def _raise_unless_absent(exc: Exception, unanswered: str) -> None:
+    """Returns when the registry said the thing does not exist; raises TrackingError
+    (`unanswered`) for any other failure, so an unanswered lookup is never read as absent."""
+    code = getattr(exc, "error_code", None)
+    if code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+        return None
+    raise TrackingError(f"{unanswered} ({exc})") from exc
 
 
 def _restored_last(tags: Mapping[str, str]) -> bool:
