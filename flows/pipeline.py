@@ -10,7 +10,7 @@ Stages, in order (each a task in `tasks/`, each an MLflow child run of one paren
 6. decide_go_no_go: cost-payback model, gate, report; registers on GO    (tasks/gate.py)
 Then retention (the config's `retention:`) prunes old runs, registry versions, superseded
 checkpoints and embedding-cache shards, never what the champion or a rollback needs
-(searchrl/weekly/retention.py).
+(searchrl/retention.py).
 
 Stages pass small frozen references (paths + fingerprints + run ids), never payloads.
 Prefect also gets the decision as a keyed markdown artifact and events for automations (GO /
@@ -49,6 +49,7 @@ if str(ROOT) not in sys.path:  # so `tasks` imports when run as a plain script o
 
 from searchrl.config import load_config  # noqa: E402
 from searchrl.exit_codes import exit_code_table, exit_on_sigterm, report_error  # noqa: E402
+from searchrl.retention import prune_after_run  # noqa: E402
 from searchrl.retrieval.provider import retrieval_service  # noqa: E402
 from searchrl.retrieval.service import check_service_token  # noqa: E402
 from searchrl.tracking import (  # noqa: E402
@@ -57,7 +58,6 @@ from searchrl.tracking import (  # noqa: E402
     resolve_tracking_uri,
     start_parent_run,
 )
-from searchrl.weekly.retention import prune_after_run  # noqa: E402
 from tasks.curriculum import filter_curriculum  # noqa: E402
 from tasks.evaluate import evaluate_policy  # noqa: E402
 from tasks.events import announce_new_suspects, publish_decision  # noqa: E402

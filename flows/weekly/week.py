@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from searchrl.weekly.retention import disk_bytes
+from searchrl.retention import disk_bytes
 from searchrl.weekly.world import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]

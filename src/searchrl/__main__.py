@@ -215,8 +215,8 @@ def _rollback(config: PipelineConfig, args: argparse.Namespace) -> int:
 def _prune(config: PipelineConfig, args: argparse.Namespace) -> int:
     """Apply (or with --dry-run, list) retention on the work dir, the tracking store and
     Prefect's local result records; prints each deletion with its bytes, then the total."""
+    from searchrl.retention import prefect_result_storage, prune
     from searchrl.tracking import check_tracking_store, resolve_tracking_uri
-    from searchrl.weekly.retention import prefect_result_storage, prune
 
     uri = resolve_tracking_uri(config.tracking.tracking_uri)
     check_tracking_store(uri, config.tracking.connect_timeout_s)

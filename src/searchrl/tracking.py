@@ -706,7 +706,7 @@ def download_policy_version(uri: str, name: str, found: Mapping[str, str], dst: 
     return dst / inside
 
 
-# --- retention's view of the store (searchrl/weekly/retention.py decides what goes)
+# --- retention's view of the store (searchrl/retention.py decides what goes)
 
 
 def registry_snapshot(uri: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Retention (searchrl/weekly/retention.py) on a real MLflow sqlite store and a work dir laid
+"""Retention (searchrl/retention.py) on a real MLflow sqlite store and a work dir laid
 out as the stages leave it: the dry run lists deletions and their bytes and touches nothing;
 pruning keeps the champion, the previous champion, the newest challengers, the newest weeks
 and the pinned, and a rollback and a download of the restored champion work afterwards; a
@@ -22,6 +22,7 @@ from searchrl.__main__ import main as cli
 from searchrl.config import load_config
 from searchrl.config.pipeline import PipelineConfig
 from searchrl.data.io import content_sha256
+from searchrl.retention import plan_prune, prune
 from searchrl.tracking import (
     CHALLENGER,
     PARENT_TAG,
@@ -31,7 +32,6 @@ from searchrl.tracking import (
     rollback,
 )
 from searchrl.train.checkpoint import FORMAT_VERSION
-from searchrl.weekly.retention import plan_prune, prune
 
 # ~25 s: a real MLflow sqlite store (creating it, five weeks, `mlflow gc`) is slow here.
 pytestmark = pytest.mark.slow

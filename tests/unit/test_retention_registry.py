@@ -1,4 +1,4 @@
-"""Retention's view of the registry and the experiment (searchrl/weekly/retention.py), on a
+"""Retention's view of the registry and the experiment (searchrl/retention.py), on a
 real MLflow sqlite store: the experiment is shared by every `run.name`, so one pipeline's
 prune never deletes another's weeks or the runs behind any registered version that stays; a
 registry that does not answer protects nothing, so nothing is pruned; a pinned stage run keeps
@@ -17,8 +17,8 @@ from mlflow import MlflowClient
 from searchrl.__main__ import main as cli
 from searchrl.config import load_config
 from searchrl.config.pipeline import PipelineConfig
+from searchrl.retention import plan_prune
 from searchrl.tracking import CHALLENGER, PARENT_TAG, TrackingError, promote
-from searchrl.weekly.retention import plan_prune
 from tests.helpers import fresh_mlflow_uri
 
 EXPERIMENT = "shared"  # one experiment, several pipelines (tracking.experiment's default)

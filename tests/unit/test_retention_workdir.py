@@ -1,4 +1,4 @@
-"""Retention of the work dir and Prefect's result records (searchrl/weekly/retention.py),
+"""Retention of the work dir and Prefect's result records (searchrl/retention.py),
 without a tracking store: an odd result record is skipped with a warning and the rest are
 still pruned; a superseded run keeps its newest checkpoint that verifies, half-written ones
 go; the embedding cache is left alone while an index build (the flow's or the CLI's) holds
@@ -20,8 +20,8 @@ from searchrl.config import load_config
 from searchrl.config.pipeline import PipelineConfig
 from searchrl.data.io import content_sha256
 from searchrl.paths import StagePaths
+from searchrl.retention import plan_prune, prune, prune_after_run
 from searchrl.train.checkpoint import FORMAT_VERSION
-from searchrl.weekly.retention import plan_prune, prune, prune_after_run
 
 
 def _config(tmp: Path, *extra: str) -> PipelineConfig:
@@ -45,7 +45,7 @@ def test_an_odd_prefect_record_is_skipped_with_a_warning_and_the_rest_are_pruned
     _record(storage, "garbage", "next tuesday")
     _record(storage, "never", None)
     config = _config(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="searchrl.weekly.retention"):
+    with caplog.at_level(logging.WARNING, logger="searchrl.retention"):
         plan = plan_prune(config, None, prefect_storage=storage)
     assert [Path(d.target).name for d in plan.deletions] == ["expired"]
     skipped = "\n".join(plan.skipped)

@@ -1,4 +1,4 @@
-"""What the weekly loop keeps on disk and in the registry (searchrl/weekly/retention.py).
+"""What the weekly loop keeps on disk and in the registry (searchrl/retention.py).
 
 Operational throughout: retention deletes what no result depends on, so no cache key,
 checkpoint run identity or index key reads it (a changed retention re-runs nothing)."""
