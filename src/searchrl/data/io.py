@@ -300,10 +300,18 @@ def _normalise_passage(row: dict[str, Any]) -> dict[str, Any]:
     if out.get("id") is not None and not isinstance(out["id"], str):
         out["id"] = str(out["id"])
     if out.get("title") is None and isinstance(out.get("contents"), str):
-        head, sep, _ = out["contents"].partition("\n")
-        if sep and head.startswith('"') and head.endswith('"') and len(head) > 2:
-            out["title"] = head.strip('"')
+        title = flashrag_title(out["contents"])
+        if title is not None:
+            out["title"] = title
     return out
+
+
+def flashrag_title(contents: str) -> str | None:
+    """The title of a passage in FlashRAG's (wiki-18's) `"Title"\\ntext` layout, else None."""
+    head, sep, _ = contents.partition("\n")
+    if sep and head.startswith('"') and head.endswith('"') and len(head) > 2:
+        return head.strip('"')
+    return None
 
 
 def _row_error(source: str | Path, rowno: int, exc: ValidationError) -> DataError:

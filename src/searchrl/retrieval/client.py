@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from searchrl.config import IndexConfig
+from searchrl.data.io import flashrag_title
 from searchrl.httpx_helpers import request_json
 from searchrl.retrieval.base import SearchError
 from searchrl.tags import neutralize_tags
@@ -175,13 +176,6 @@ def flashrag_contents(title: str | None, contents: str) -> tuple[str, bool]:
         return contents, False
     return title_line(title) + contents, True
 
-
-def flashrag_title(contents: str) -> str | None:
-    """The title of a `"Title"\\ntext` passage (the rule `searchrl.data.io` loads by)."""
-    head, sep, _ = contents.partition("\n")
-    if sep and head.startswith('"') and head.endswith('"') and len(head) > 2:
-        return head.strip('"')
-    return None
 
 
 def token_hint(config: IndexConfig) -> str:
