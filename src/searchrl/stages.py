@@ -35,7 +35,7 @@ import tempfile
 import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,26 +109,25 @@ def files_of(*paths: str | Path | None) -> dict[str, str]:
 def ref_is_current(ref: object) -> bool:
     """True when every file the reference stands for exists with the recorded fingerprint."""
     files = getattr(ref, "files", None)
-    if not isinstance(files, dict) or not files:
-        return False
-    try:
-        return all(Path(p).exists() and fingerprint(p) == fp for p, fp in files.items())
-    except (OSError, DataError):
-        return False
+    return isinstance(files, dict) and bool(files) and next(_changed(ref), None) is None
 
 
 def changed_files(ref: object) -> list[str]:
     """The files `ref` vouches for that are gone or hold other content than it recorded."""
+    return list(_changed(ref))
+
+
+def _changed(ref: object) -> Iterator[str]:
+    """`ref`'s files that are gone, unreadable or hold other content, lazily (a cache check
+    stops at the first)."""
     files = getattr(ref, "files", None)
-    changed: list[str] = []
     for path, fp in (files.items() if isinstance(files, dict) else ()):
         try:
             same = Path(path).exists() and fingerprint(path) == fp
         except (OSError, DataError):
             same = False
         if not same:
-            changed.append(path)
-    return changed
+            yield path
 
 
 def check_inputs(stage: str, *inputs: StageRef | None) -> None:
