@@ -59,6 +59,7 @@ from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
 from searchrl.locks import held
+from searchrl.models.prior import is_bundled_prior, prior_fingerprint
 from searchrl.paths import StagePaths
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes
 from searchrl.retrieval.provider import SearcherProvider, searchers_for
@@ -679,12 +680,24 @@ def _registered_champion(config: PipelineConfig) -> str:
     return f"champion:{name}:{found['version'] if found else 'none'}"
 
 
+def _base_model(config: PipelineConfig) -> str:
+    """The bundled MiniLM prior's package files (weights, vocabulary) when the policy starts
+    from it: the cold start is prepared from them, so a new release of the package prepares
+    it again. Empty for any other model (its name or path is in the config's part)."""
+    if not is_bundled_prior(config.model.name_or_path):
+        return ""
+    return f"prior={prior_fingerprint()}"
+
+
 def _train_inputs(config: PipelineConfig) -> str:
     """train.init=champion: the champion version training starts from is a training input;
-    so are the contents of train.deepspeed_config (its path alone is in the config's part)."""
+    so are the contents of train.deepspeed_config (its path alone is in the config's part)
+    and the bundled prior's files (the cold start training may build)."""
     start = _registered_champion(config) if config.train.init == "champion" else "init:base"
     deepspeed = config.train.deepspeed_config_sha256()
-    return start if deepspeed is None else f"{start}|deepspeed_config={deepspeed}"
+    parts = [start, f"deepspeed_config={deepspeed}" if deepspeed is not None else "",
+             _base_model(config)]
+    return "|".join(p for p in parts if p)
 
 
 # --- 6. decide_go_no_go
@@ -911,7 +924,7 @@ class Stage:
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("validate_gold_labels", validate_gold_labels, _validation_inputs),
     Stage("build_index", build_index),
-    Stage("filter_curriculum", filter_curriculum),
+    Stage("filter_curriculum", filter_curriculum, _base_model),
     Stage("train_policy", train_policy, _train_inputs),
     Stage("evaluate_policy", evaluate_policy, _champion_version),
     Stage("decide_go_no_go", decide_go_no_go, _curriculum_cost),

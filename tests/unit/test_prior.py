@@ -176,3 +176,21 @@ def test_one_grpo_step_function_trains_the_prior_and_a_qwen_model(
     assert moved, "the GRPO step changed no weight"
     assert type(trained).__name__ == type(start_model).__name__
 
+
+
+def test_a_new_release_of_the_package_changes_the_stages_that_prepare_the_prior(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from searchrl import stages
+    from searchrl.config import load_config
+
+    prior, tiny = load_config("configs/prior.yaml"), load_config("configs/tiny.yaml")
+    inputs = {name: stages.STAGES[name].external_inputs
+              for name in ("filter_curriculum", "train_policy")}
+    before = {name: f(prior) for name, f in inputs.items() if f is not None}
+    assert set(before) == set(inputs)
+    monkeypatch.setattr(stages, "prior_fingerprint", lambda: "another release")
+    for name, f in inputs.items():
+        assert f is not None and f(prior) != before[name], name
+    # Another model's keys do not read the package.
+    assert inputs["filter_curriculum"](tiny) == ""  # type: ignore[misc]
+    assert inputs["train_policy"](tiny) == "init:base"  # type: ignore[misc]

@@ -24,6 +24,7 @@ from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, records_fingerprint
 from searchrl.generation.factory import resolve_device
+from searchrl.models.prior import is_bundled_prior, prior_fingerprint
 from searchrl.models.tiny import init_policy
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.bm25 import BM25Index
@@ -58,6 +59,8 @@ def cold_start(config: PipelineConfig, train_examples: Sequence[QAExample],
     key = {"config": config.inputs_of("cold_start"),
            "train": records_fingerprint(train_examples),
            "passages": records_fingerprint(passages), "code": code_fingerprint(cold_start)}
+    if is_bundled_prior(config.model.name_or_path):
+        key["base_model"] = prior_fingerprint()  # a new release of the package prepares anew
     key_file = out_dir / SFT_KEY_FILE
     if key_file.is_file() and json.loads(key_file.read_text()) == key:
         return out_dir
