@@ -108,19 +108,26 @@ def test_worker_count_changes_no_key_shard_size_and_dtype_do() -> None:
 # --- embedding
 
 
+def _build_until_a_shard(rows: list[dict[str, str]], corpus: Path, out: Path,
+                         config: IndexConfig, timeout_s: float) -> subprocess.Popen[bytes]:
+    """`rows` written to `corpus` and build_index(corpus, out) started in a process of its
+    own (BUILD_SCRIPT), returned running once its first shard is on disk (to be killed)."""
+    write_jsonl(corpus, rows)
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out),
+                             config.model_dump_json()], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout_s
+    while not list(out.glob("embedding_cache/*/*.hashes.npy")):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"no shard written in {timeout_s:g} s"
+        time.sleep(0.02)
+    return proc
+
+
 def test_kill_9_mid_embedding_then_rerun_resumes_to_identical_vectors(
         reference: Reference, tmp_path: Path) -> None:
     rows, expected, _ = reference
-    corpus = tmp_path / "corpus.jsonl"
-    write_jsonl(corpus, rows)
-    out = tmp_path / "idx"
-    proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out),
-                             CONFIG.model_dump_json()], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(out.glob("embedding_cache/*/*.hashes.npy")):
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, "no shard written in 120 s"
-        time.sleep(0.02)
+    corpus, out = tmp_path / "corpus.jsonl", tmp_path / "idx"
+    proc = _build_until_a_shard(rows, corpus, out, CONFIG, timeout_s=120)
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     finished = len(list(out.glob("embedding_cache/*/*.hashes.npy")))
@@ -162,16 +169,8 @@ def test_kill_9_of_a_two_worker_build_leaves_no_worker_and_resumes(
         reference: Reference, tmp_path: Path) -> None:
     rows, expected, _ = reference
     config = CONFIG.model_copy(update={"encoder_workers": 2})
-    corpus = tmp_path / "corpus.jsonl"
-    write_jsonl(corpus, rows)
-    out = tmp_path / "idx"
-    proc = subprocess.Popen([sys.executable, "-c", BUILD_SCRIPT, str(corpus), str(out),
-                             config.model_dump_json()], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 180
-    while not list(out.glob("embedding_cache/*/*.hashes.npy")):
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, "no shard written in 180 s"
-        time.sleep(0.02)
+    corpus, out = tmp_path / "corpus.jsonl", tmp_path / "idx"
+    proc = _build_until_a_shard(rows, corpus, out, config, timeout_s=180)
     workers = _spawned_workers(proc.pid)
     assert len(workers) >= 2
     os.kill(proc.pid, signal.SIGKILL)
