@@ -181,17 +181,17 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
 
 def _train_rank(config: PipelineConfig, args: argparse.Namespace) -> int:
     """One rank of the train stage, as DeepSpeed's launcher starts it (`$RANK` etc. set):
-    the stage's inputs from the upstream `ref.json`, then `stages.run_training`; rank 0
-    logs into `--mlflow-run-id` and writes the stage's reference."""
-    from searchrl.stages import run_training
+    the stage's inputs from the upstream `ref.json`, then `train.stage.launched_rank`; rank
+    0 logs into `--mlflow-run-id` and writes the stage's reference."""
     from searchrl.train.launch import env_rank, guard_rank_process, load_launch_secrets
+    from searchrl.train.stage import launched_rank
 
     guard_rank_process()  # never outlive the stage that launched us
     # Errors (LaunchError, StageInputError, DataError, ...) exit with their codes in main().
     load_launch_secrets()  # several nodes: the retriever token etc.
     dataset, index, curriculum = _inputs("train", config)
     run_id = args.mlflow_run_id if env_rank() == 0 else None
-    ref = run_training(config, dataset, index, curriculum, _sink(config, run_id))
+    ref = launched_rank(config, dataset, index, curriculum, _sink(config, run_id))
     print(json.dumps(dataclasses.asdict(ref), indent=2))
     return 0
 

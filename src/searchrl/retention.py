@@ -45,7 +45,7 @@ from searchrl.locks import BusyError, held
 from searchrl.paths import StagePaths
 
 SUPERSEDED_GLOB = "checkpoints.superseded-*"
-CHECKPOINTS = "checkpoints"  # stages.CHECKPOINTS (not imported: stages pulls in torch)
+CHECKPOINTS = "checkpoints"  # train.stage.CHECKPOINTS (not imported: it pulls in torch)
 EMBEDDING_CACHE = "embedding_cache"
 PINNED_TAG = "pinned"
 

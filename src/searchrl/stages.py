@@ -10,14 +10,17 @@ with a `ref.json` is complete, and the CLI reads a stage's inputs from its upstr
 reference is reused only while those files exist unchanged (`ref_is_current`), and a stage
 reads only what its own upstream wrote: it checks its input references' files before it reads
 them and again before it publishes (`check_inputs`), so a run whose inputs another run on the
-same work dir replaced fails naming them instead of deciding on that run's numbers.
+same work dir replaced fails naming them instead of deciding on that run's numbers
+(`searchrl/refs.py`: reading, writing and locking references).
 
 `STAGES` says, per stage, which inputs outside the references (data files, contract suites,
 overrides, the registry's champion) its result depends on; the config values it depends on
 are declared per field in `searchrl.config` (`config.inputs_of(stage)`); the cache key
 (tasks/_common.py) adds the code the stage reaches (`searchrl.codehash`).
 
-Over 400 lines because the six stage functions share one contract (the stage dir's lock, `ref.json`
+The train stage is `train/stage.py` (a recipe of named steps, top down); it is wired here.
+
+Over 400 lines because the stage functions share one contract (the stage dir's lock, `ref.json`
 removed first and written last, the files a reference vouches for, the inputs in `STAGES`) and
 are read against it side by side; each stage's work lives in its own package (contracts/,
 retrieval/, curriculum/, train/, eval/, gate/), only its wiring is here.
@@ -25,57 +28,52 @@ retrieval/, curriculum/, train/, eval/, gate/), only its wiring is here.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
 import inspect
 import json
 import math
-import tempfile
 import time
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from searchrl.config import PipelineConfig
 from searchrl.contracts.drift import history_dir, keep_digest
 from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.stage import run_curriculum
-from searchrl.data.io import (
-    DataError,
-    atomic_write_text,
-    fingerprint,
-    publish_dir,
-    read_passages,
-    read_qa,
-)
+from searchrl.data.io import fingerprint, read_passages, read_qa
 from searchrl.data.sources import source_fingerprint
 from searchrl.engine import open_engine
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
-from searchrl.locks import held
 from searchrl.models.prior import is_bundled_prior, prior_fingerprint
 from searchrl.paths import StagePaths
+from searchrl.refs import (
+    REF_FILE,
+    REF_FORMAT,
+    ReplacedInputError,
+    StageInputError,
+    begin,
+    begin_fresh,
+    check_inputs,
+    files_of,
+    finish,
+    read_ref,
+    ref_is_current,
+    stage_dir_lock,
+    write_ref,
+)
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes
 from searchrl.retrieval.provider import SearcherProvider, searchers_for
-from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train.checkpoint import checkpoint_dir_lock
-from searchrl.train.cold_start import SFT_KEY_FILE, cold_start
-from searchrl.train.grpo import train_policy_run
-from searchrl.train.launch import env_rank, launch_ranks
-from searchrl.train.rejection import (
-    RS_DIR,
-    SAMPLES_FILE,
-    RejectionSamplingResult,
-    build_rejection_sampling,
-    write_estimate_samples,
-)
-from searchrl.train.selection import choose_policy
+from searchrl.sinks import MetricsSink
+from searchrl.train.cold_start import cold_start
+from searchrl.train.rejection import SAMPLES_FILE, write_estimate_samples
+from searchrl.train.stage import train_policy
 from searchrl.types import (
     CheckpointRef,
     CurriculumRef,
@@ -83,149 +81,18 @@ from searchrl.types import (
     Decision,
     EvalRef,
     IndexRef,
-    StageRef,
 )
 
-REF_FILE = "ref.json"
-R = TypeVar("R", bound=StageRef)
+# What the task layer, the CLI and the flows read from here (the stages' wiring): the
+# references' helpers live in searchrl/refs.py, the train stage in searchrl/train/stage.py.
+__all__ = ["REF_FILE", "REF_FORMAT", "STAGES", "GateInputError", "ReplacedInputError", "Stage",
+           "StageInputError", "build_index", "check_inputs", "corpora_of",
+           "decide_go_no_go", "eval_sets_of", "evaluate_policy", "files_of",
+           "filter_curriculum", "read_ref", "ref_is_current", "refuse_search_failures",
+           "train_policy", "validate_gold_labels", "write_ref"]
 
 
-class StageInputError(RuntimeError):
-    """A stage's input is missing or stale; names what to run first."""
 
-
-class ReplacedInputError(StageInputError):
-    """A file an input reference vouches for is no longer what its stage wrote for this run:
-    another run on the same work dir (or a hand edit) replaced it since."""
-
-
-# --- references on disk
-
-
-def files_of(*paths: str | Path | None) -> dict[str, str]:
-    """path -> content fingerprint, for a reference's `files`."""
-    return {str(p): fingerprint(p) for p in paths if p is not None}
-
-
-def ref_is_current(ref: object) -> bool:
-    """True when every file the reference stands for exists with the recorded fingerprint."""
-    files = getattr(ref, "files", None)
-    return isinstance(files, dict) and bool(files) and next(_changed(ref), None) is None
-
-
-def changed_files(ref: object) -> list[str]:
-    """The files `ref` vouches for that are gone or hold other content than it recorded."""
-    return list(_changed(ref))
-
-
-def _changed(ref: object) -> Iterator[str]:
-    """`ref`'s files that are gone, unreadable or hold other content, lazily (a cache check
-    stops at the first)."""
-    files = getattr(ref, "files", None)
-    for path, fp in (files.items() if isinstance(files, dict) else ()):
-        try:
-            same = Path(path).exists() and fingerprint(path) == fp
-        except (OSError, DataError):
-            same = False
-        if not same:
-            yield path
-
-
-def check_inputs(stage: str, *inputs: StageRef | None) -> None:
-    """A run reads only its own results: every file the stage's input references vouch for
-    must still be what their stages wrote for this run, else ReplacedInputError naming it.
-
-    Stage dirs are shared by every run on a work dir (one layout, so the CLI, resume and
-    retention find them); a run with other inputs rewrites them, e.g. between this run's
-    evaluate and its gate. A stage calls this before it reads its inputs and again before
-    its result becomes visible (its ref.json, a registration): a replacement while it ran is
-    caught too. A reference without `files` (built by hand) vouches for nothing to check."""
-    producer = {s.output_kind(): n for n, s in STAGES.items()}
-    for ref in inputs:
-        changed = changed_files(ref) if ref is not None else []
-        if changed:
-            made_by = producer.get(type(ref), "its stage")
-            raise ReplacedInputError(
-                f"{stage}: {', '.join(changed)} changed after {made_by} wrote it for this run "
-                "(another run on this work dir replaced it, or it was edited); a stage reads "
-                f"only what its own upstream wrote. Re-run the pipeline (the re-run recomputes "
-                f"{made_by} and what follows it); give runs that may overlap their own "
-                "run.work_dir")
-
-
-# The layout of ref.json (its fields and what they mean): bump it when a reference type
-# changes so that an older or newer file would be misread. A ref.json without the stamp was
-# written before it, in layout 1. A layout this release does not read is a stage to re-run,
-# never a guess (the Prefect cache needs no stamp: its key holds the code of searchrl.types).
-REF_FORMAT = 1
-READABLE_REF_FORMATS = frozenset({1})
-_FORMAT_KEY = "format_version"
-
-
-def write_ref(ref: StageRef, stage_dir: Path) -> None:
-    atomic_write_text(stage_dir / REF_FILE, json.dumps(
-        {_FORMAT_KEY: REF_FORMAT, **dataclasses.asdict(ref)}, indent=2))
-
-
-def read_ref(kind: type[R], stage_dir: Path, stage_cli: str) -> R:
-    """The reference a finished stage left in `stage_dir`, checked against the disk: a
-    StageInputError naming the file and the stage to re-run when it is missing, stale, or
-    written in a layout this release does not read."""
-    path = stage_dir / REF_FILE
-    if not path.is_file():
-        raise StageInputError(f"{path} not found: run `python -m searchrl {stage_cli}` first")
-    rerun = f"re-run `python -m searchrl {stage_cli}` (it recomputes the stage with this release)"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StageInputError(f"{path}: unreadable ({exc}); {rerun}") from exc
-    stamp = data.pop(_FORMAT_KEY, 1) if isinstance(data, dict) else None
-    if stamp not in READABLE_REF_FORMATS:
-        raise StageInputError(f"{path}: reference format {stamp!r}, this release reads "
-                              f"{sorted(READABLE_REF_FORMATS)}; {rerun}")
-    try:
-        if kind is Decision:
-            data["reasons"] = tuple(data["reasons"])
-        ref = kind(**data)
-    except (TypeError, KeyError) as exc:  # fields added, renamed or removed since
-        raise StageInputError(f"{path}: not a {kind.__name__} this release reads ({exc}); "
-                              f"{rerun}") from exc
-    if not ref_is_current(ref):
-        raise StageInputError(f"{path}: the files it references changed or are gone; "
-                              f"re-run `python -m searchrl {stage_cli}`")
-    return ref
-
-
-def _begin(stage_dir: Path) -> None:
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    (stage_dir / REF_FILE).unlink(missing_ok=True)
-
-
-def _begin_fresh(stage_dir: Path) -> None:
-    """An empty `stage_dir`: what an earlier run left (another config's systems, a champion,
-    report files) is neither this run's output nor its artifact. The old directory goes in
-    one exchange (`publish_dir` of an empty one); the stage then writes in place, as its
-    results record their absolute paths, and its ref.json, written last, marks it complete."""
-    stage_dir.parent.mkdir(parents=True, exist_ok=True)
-    publish_dir(Path(tempfile.mkdtemp(prefix=f".{stage_dir.name}.new-", dir=stage_dir.parent)),
-                stage_dir)
-
-
-def stage_dir_lock(stage_dir: Path) -> contextlib.AbstractContextManager[Path]:
-    """One run at a time in a stage dir: a stage clears or rewrites its dir (evaluate and gate
-    replace it whole, validation drops its earlier outputs' manifests, the index build its
-    temp dirs), so a concurrent manual run would wipe or mix this one's files (training holds
-    its checkpoint dir's lock instead). BusyError naming the holder."""
-    return held(stage_dir, busy=f"another run of this stage writes into {stage_dir} (and "
-                                "clears or rewrites it)")
-
-
-def _finish(ref: R, stage_dir: Path, inputs: tuple[StageRef | None, ...] = ()) -> R:
-    """Write the stage's ref.json (its completion mark), once its inputs are checked again:
-    a result computed while another run replaced them is not published."""
-    check_inputs(stage_dir.name, *inputs)
-    write_ref(ref, stage_dir)
-    return ref
 
 
 # --- 1. validate_gold_labels
@@ -235,7 +102,7 @@ def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRe
     """Contracts, quarantine and audit report; the clean splits and corpora as a DatasetRef."""
     out_dir = StagePaths(config.run.work_dir).validate_dir
     with stage_dir_lock(out_dir):
-        _begin(out_dir)
+        begin(out_dir)
         sink.log_params(config.to_dict()["validate"])
         try:
             result = run_validation(config, out_dir)
@@ -260,7 +127,7 @@ def validate_gold_labels(config: PipelineConfig, sink: MetricsSink) -> DatasetRe
         combined = "|".join(f"{k}={v}" for k, v in sorted(fingerprints.items()))
         evals_fp = "|".join(f"extra_eval.{k}={v}" for k, v in sorted(eval_fps.items()))
         extra_fp = "|".join(f"{k}={fingerprint(v)}" for k, v in sorted(extra.items()))
-        return _finish(DatasetRef(
+        return finish(DatasetRef(
             paths=paths, fingerprints=fingerprints, corpus_path=str(result.corpus_path),
             corpus_fingerprint=corpus_fp,
             fingerprint="|".join(p for p in (combined, evals_fp, f"corpus={corpus_fp}", extra_fp)
@@ -313,7 +180,7 @@ def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) 
     stage_dir = StagePaths(config.run.work_dir).index_dir
     with stage_dir_lock(stage_dir):
         check_inputs("build_index", dataset)
-        _begin(stage_dir)
+        begin(stage_dir)
         sink.log_params(config.to_dict()["index"])
         corpora, evals = corpora_of(dataset)
         with open_engine(config.engine) as engine:  # dense embedding shards run on it
@@ -325,7 +192,7 @@ def build_index(config: PipelineConfig, dataset: DatasetRef, sink: MetricsSink) 
         sink.log_artifact(stage_dir / "report.json", "index")
         sink.set_tags({"index.fingerprint": combined, "index.retriever": config.index.retriever})
         # The manifest is written last by build_indexes and names every component's fingerprint.
-        return _finish(IndexRef(index_dir=str(stage_dir), fingerprint=combined,
+        return finish(IndexRef(index_dir=str(stage_dir), fingerprint=combined,
                                 retriever=config.index.retriever,
                                 files=files_of(stage_dir / "manifest.json"),
                                 mlflow_run_id=sink.run_id), stage_dir, (dataset,))
@@ -343,7 +210,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
     paths = StagePaths(config.run.work_dir)
     with stage_dir_lock(paths.curriculum_dir):
         check_inputs("filter_curriculum", dataset, index)
-        _begin(paths.curriculum_dir)
+        begin(paths.curriculum_dir)
         train_path = Path(dataset.paths["train"])
         sink.log_params(config.to_dict()["curriculum"])
         searcher = searchers_for(config, searchers).searcher(index.index_dir)
@@ -358,7 +225,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
         for artifact in (result.train_path, result.difficulty_path, result.dropped_path,
                          result.histogram_path):
             sink.log_artifact(artifact, "curriculum")
-        return _finish(CurriculumRef(
+        return finish(CurriculumRef(
             train_path=str(result.train_path), fingerprint=fingerprint(result.train_path),
             difficulty_path=str(result.difficulty_path), dropped_path=str(result.dropped_path),
             samples_path=str(samples), files=files_of(result.train_path, sft_dir, samples),
@@ -366,213 +233,7 @@ def filter_curriculum(config: PipelineConfig, dataset: DatasetRef, index: IndexR
             paths.curriculum_dir, (dataset, index))
 
 
-# --- 4. train_policy
-
-
-def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                 curriculum: CurriculumRef | None, sink: MetricsSink, *,
-                 searchers: SearcherProvider | None = None) -> CheckpointRef:
-    """GRPO on the curriculum-ordered set (the validated train split without one).
-
-    Writes under `<work_dir>/train_policy/`: sft/ (cold start), policy/ (final), best_policy/
-    (train.keep_best), checkpoints/, metrics.jsonl, curve.png, and under
-    train.rejection_sampling rejection_sampling/ (a comparator, built after GRPO, in this process:
-    `_rejection_sampling`). A re-run after a crash resumes from the newest checkpoint. The
-    reference's `policy_dir` is the selected policy (the best dev evaluation under
-    train.keep_best, else the last step's); it records both.
-    `train.launch.mode=inprocess` trains here as one rank (`run_training`); `deepspeed` starts
-    the ranks through DeepSpeed's launcher (`train/launch.py`), each running `run_training`
-    through the rank entry point (`python -m searchrl train-rank`), and reads the reference
-    rank 0 wrote. Refused while another process trains into the same checkpoint dir.
-    """
-    started = time.perf_counter()
-    out_dir = StagePaths(config.run.work_dir).train_dir
-    if config.train.launch.mode == "inprocess":
-        with checkpoint_dir_lock(out_dir / CHECKPOINTS):
-            check_inputs("train_policy", dataset, index, curriculum)
-            _begin(out_dir)
-            fetch_champion_start(config, out_dir, sink.tracking_uri)
-            ref = run_training(config, dataset, index, curriculum, sink, searchers=searchers)
-            return _with_comparator(config, ref, dataset, index, curriculum, sink, searchers)
-    with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # fail before starting anything
-        check_inputs("train_policy", dataset, index, curriculum)
-        _begin(out_dir)
-        fetch_champion_start(config, out_dir, sink.tracking_uri)
-    # The ranks search through the flow's managed server (plain clients: no restarts there).
-    searchers_for(config, searchers).ensure_service()
-    launch_ranks(config, out_dir, mlflow_run_id=sink.run_id, tracking_uri=sink.tracking_uri)
-    ranks_ref = read_ref(CheckpointRef, out_dir, "train")
-    # the stage's wall time includes starting the ranks
-    seconds = time.perf_counter() - started + ranks_ref.earlier_attempts_seconds
-    ref = dataclasses.replace(ranks_ref, seconds=seconds)
-    with checkpoint_dir_lock(out_dir / CHECKPOINTS):  # the ranks have let it go
-        return _with_comparator(config, ref, dataset, index, curriculum, sink, searchers)
-
-
-def _with_comparator(config: PipelineConfig, ref: CheckpointRef, dataset: DatasetRef,
-                     index: IndexRef, curriculum: CurriculumRef | None, sink: MetricsSink,
-                     searchers: SearcherProvider | None) -> CheckpointRef:
-    """The stage's reference, with the rejection-sampling comparator (train.rejection_sampling)
-    built after GRPO: in deepspeed mode its generator and fine-tuning never hold the stage's
-    device while the ranks start, and its time is its own. Until it is built the stage is not
-    complete: the reference the training wrote is withdrawn, and written again with it."""
-    out_dir = StagePaths(config.run.work_dir).train_dir
-    inputs = (dataset, index, curriculum)
-    if not config.train.rejection_sampling.enabled:
-        return _finish(ref, out_dir, inputs)
-    _begin(out_dir)  # withdraws the training's ref.json until the comparator is built too
-    rs = _rejection_sampling(config, dataset, index, curriculum, sink, searchers)
-    return _finish(_with_rs(ref, rs), out_dir, inputs)
-
-
-def _rejection_sampling(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                        curriculum: CurriculumRef | None, sink: MetricsSink,
-                        searchers: SearcherProvider | None) -> RejectionSamplingResult:
-    """The RS comparator under `train_policy/rejection_sampling`, built (or reused: its own
-    key) on the stage's process, and its figures logged.
-
-    Here rather than in the ranks: no rank waits on it, so its minutes at scale hold no
-    collective, and its time is measured apart from GRPO's. It fine-tunes the cold start the
-    curriculum stage made (vouched for by that stage's reference) and reuses its samples;
-    without a curriculum stage it finds the cold start the trainer made (same key), or makes
-    it by the one function that makes it (train.init=champion trains from the champion).
-    """
-    train_dir = StagePaths(config.run.work_dir).train_dir
-    searcher = searchers_for(config, searchers).searcher(index.index_dir)
-    sft_dir = train_dir / "sft"
-    if curriculum is None or not (sft_dir / SFT_KEY_FILE).is_file():
-        sft_dir = cold_start(config, read_qa(dataset.paths["train"]),
-                             read_passages(dataset.corpus_path), searcher, sft_dir, sink)
-    # The validated train split, in its own order: the curriculum estimated the first
-    # `curriculum.max_questions` of it, so those samples are reused, and the questions every
-    # sample got right (which the curriculum drops as zero-variance) are RS's best data.
-    questions = read_qa(dataset.paths["train"])
-    samples = curriculum.samples_path if curriculum is not None else None
-    result = build_rejection_sampling(config, questions, sft_dir, searcher, train_dir / RS_DIR,
-                                      samples_path=Path(samples) if samples else None,
-                                      sink=sink)
-    sink.log_metrics(result.metrics | {"rs_seconds": result.seconds,
-                                       "rs_reused_policy": float(not result.built)})
-    return result
-
-
-def _with_rs(ref: CheckpointRef, rs: RejectionSamplingResult) -> CheckpointRef:
-    """The training reference with the RS policy: evaluated beside it, its files vouched for."""
-    return dataclasses.replace(ref, rs_dir=str(rs.policy_dir), rs_seconds=rs.seconds,
-                               files=ref.files | files_of(rs.policy_dir))
-
-
-CHECKPOINTS = "checkpoints"  # under the stage dir (grpo's TrainState.checkpoints)
-CHAMPION_START = "champion_start"  # train.init=champion: the downloaded champion policy
-
-
-def fetch_champion_start(config: PipelineConfig, out_dir: Path, tracking_uri: str | None
-                         ) -> Path | None:
-    """train.init=champion: download the registry's champion into `out_dir/champion_start`
-    (before any rank starts) and record where in `champion_start.json`; None for init=base."""
-    import shutil
-
-    from searchrl.tracking import download_policy_version, registered_policy, resolve_tracking_uri
-
-    pointer = out_dir / f"{CHAMPION_START}.json"
-    pointer.unlink(missing_ok=True)
-    if config.train.init != "champion":
-        return None
-    uri = tracking_uri or resolve_tracking_uri(config.tracking.tracking_uri)
-    name, alias = config.registry_model_name, config.eval.champion_alias
-    shutil.rmtree(out_dir / CHAMPION_START, ignore_errors=True)
-    # One lookup: the version recorded is the one downloaded, even if the alias moves.
-    found = registered_policy(uri, name, alias)
-    if found is None:
-        raise StageInputError(
-            f"train.init=champion but {uri} has no {name}@{alias}: register a champion first "
-            "(a GO of the gate stage), or set train.init=base")
-    got = download_policy_version(uri, name, found, out_dir / CHAMPION_START)
-    version = found["version"]
-    # The start's identity for resuming checkpoints (train/checkpoint.py run_identity).
-    atomic_write_text(got / SFT_KEY_FILE, json.dumps({"champion": name, "version": version}))
-    atomic_write_text(pointer, json.dumps({"dir": str(got), "model": name, "version": version}))
-    return got
-
-
-def champion_start(config: PipelineConfig, out_dir: Path) -> Path | None:
-    """The champion policy `fetch_champion_start` downloaded (None for train.init=base)."""
-    if config.train.init != "champion":
-        return None
-    pointer = out_dir / f"{CHAMPION_START}.json"
-    if not pointer.is_file():
-        raise StageInputError(f"{pointer} not found: train.init=champion starts from the "
-                              "champion the train stage downloads; run `python -m searchrl "
-                              "train`, not a rank alone")
-    return Path(json.loads(pointer.read_text())["dir"])
-
-
-def run_training(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                 curriculum: CurriculumRef | None, sink: MetricsSink, *,
-                 searchers: SearcherProvider | None = None) -> CheckpointRef:
-    """One rank's training (`$RANK`, 0 without a launcher): the in-process stage and every
-    launched rank run this. Rank 0 holds the checkpoint dir's lock, logs to `sink` and writes
-    the stage's reference; the other ranks log nothing and return theirs unwritten."""
-    started = time.perf_counter()
-    out_dir = StagePaths(config.run.work_dir).train_dir
-    lead = env_rank() == 0
-    with checkpoint_dir_lock(out_dir / CHECKPOINTS) if lead else contextlib.nullcontext():
-        return _train_rank(config, dataset, index, curriculum,
-                           sink if lead else NullSink(), lead=lead, started=started,
-                           searchers=searchers_for(config, searchers))
-
-
-def _train_rank(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
-                curriculum: CurriculumRef | None, sink: MetricsSink, *, lead: bool,
-                started: float, searchers: SearcherProvider) -> CheckpointRef:
-    out_dir = StagePaths(config.run.work_dir).train_dir
-    launch = config.train.launch
-    train_path = Path(curriculum.train_path if curriculum else dataset.paths["train"])
-    sink.set_tags({"data.train": fingerprint(train_path), "index": index.fingerprint})
-    start = champion_start(config, out_dir)  # refused before a searcher is started
-    searcher = searchers.searcher(index.index_dir)
-    dev = dataset.paths.get("dev")
-    result = train_policy_run(config, train_path, Path(dataset.corpus_path), searcher,
-                              out_dir, sft_train_path=Path(dataset.paths["train"]),
-                              dev_path=Path(dev) if dev else None, sink=sink, init_dir=start)
-    choice = choose_policy(result, config.train)
-    # The SFT baselines stay the cold start (the curriculum stage's) when RL started from
-    # the champion, which is evaluated as its own baseline.
-    cold = out_dir / "sft"
-    sft_dir = cold if start is not None and (cold / "config.json").is_file() else result.sft_dir
-    sink.set_tags({"train.init": config.train.init}
-                  | ({"train.init_dir": str(start)} if start is not None else {}))
-    ref = CheckpointRef(
-        policy_dir=str(choice.policy_dir), fingerprint=fingerprint(choice.policy_dir),
-        sft_dir=str(sft_dir), metrics_path=str(result.metrics_path),
-        training_seconds=result.seconds + result.sft_seconds,
-        # A resumed run costs its earlier attempts too (up to the checkpoint resumed from).
-        seconds=time.perf_counter() - started + result.earlier_attempts_seconds,
-        earlier_attempts_seconds=result.earlier_attempts_seconds,
-        devices=launch.ranks * launch.nodes,
-        # The cold start too: evaluation measures it as the `sft` system.
-        files=files_of(choice.policy_dir, result.policy_dir, result.metrics_path, sft_dir),
-        mlflow_run_id=sink.run_id, selection=choice.selection,
-        selected_step=choice.selected_step, last_policy_dir=str(result.policy_dir),
-        last_step=choice.last_step, select_metric=choice.metric,
-        selected_value=choice.selected_value, last_value=choice.last_value,
-        stopped_early=result.stopped_early)
-    if not lead:
-        return ref
-    sink.log_metrics({"training_seconds": result.seconds, "sft_seconds": result.sft_seconds,
-                      "earlier_attempts_seconds": result.earlier_attempts_seconds,
-                      "skipped_steps": result.skipped_steps, "steps": result.steps_done,
-                      "selected_step": choice.selected_step})
-    sink.set_tags({"policy.selection": choice.selection})
-    sink.log_artifact(result.metrics_path, "training")
-    if result.curve_path is not None:
-        sink.log_artifact(result.curve_path, "training")
-    if sink.tracking_uri is not None and sink.run_id is not None:
-        from searchrl.tracking import log_policy_model
-
-        # Stored once, as the MLflow model the gate registers (never logged again there).
-        log_policy_model(sink.tracking_uri, sink.run_id, choice.policy_dir)
-    return _finish(ref, out_dir, (dataset, index, curriculum))
+# --- 4. train_policy: train/stage.py (the stage as a recipe of named steps)
 
 
 # --- 5. evaluate_policy
@@ -603,7 +264,7 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
     out_dir = StagePaths(config.run.work_dir).eval_dir
     with stage_dir_lock(out_dir):
         check_inputs("evaluate_policy", dataset, index, checkpoint)
-        _begin_fresh(out_dir)
+        begin_fresh(out_dir)
         split = config.eval.split
         if split not in dataset.paths:
             raise StageInputError(f"eval.split={split!r} is not in the validated dataset "
@@ -653,7 +314,7 @@ def evaluate_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef
         if (out_dir / SETS_DIR).is_dir():
             sink.log_artifact(out_dir / SETS_DIR, "evaluation")
         results_path = out_dir / RESULTS_FILE
-        return _finish(EvalRef(results_path=str(results_path),
+        return finish(EvalRef(results_path=str(results_path),
                                fingerprint=fingerprint(results_path),
                                files=files_of(results_path), mlflow_run_id=sink.run_id,
                                seconds=time.perf_counter() - started, devices=1), out_dir,
@@ -713,7 +374,7 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
     out_dir = paths.gate_dir
     with stage_dir_lock(out_dir):
         check_inputs("decide_go_no_go", dataset, checkpoint, evaluation)
-        _begin_fresh(out_dir)
+        begin_fresh(out_dir)
         sink.log_params(config.to_dict()["gate"])
         costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
         evaluated = load_eval_result(evaluation.results_path)
@@ -744,7 +405,7 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
                 and Path(dataset.digest_dir).is_dir()):
             # The champion's gold set: what the next validation's drift is measured against.
             keep_digest(Path(dataset.digest_dir), history_dir(config.run.work_dir) / "champion")
-        return _finish(Decision(
+        return finish(Decision(
             go=result.go, reasons=result.reasons, report_html=str(outcome.html_path),
             report_md=str(outcome.md_path), figures=outcome.figures,
             files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),

@@ -17,6 +17,7 @@ from searchrl.eval.baselines import TRAINED
 from searchrl.eval.results import load_eval_result
 from searchrl.stages import REF_FILE
 from searchrl.tracking import child_runs
+from searchrl.train import stage as train_stage
 from searchrl.train.cold_start import SFT_STATS_FILE
 
 # Small enough for the default test run; every stage still runs for real.
@@ -143,7 +144,7 @@ def test_a_comparator_failing_after_grpo_leaves_the_train_stage_incomplete_then_
         raise RuntimeError("the comparator broke")
 
     with monkeypatch.context() as patch:
-        patch.setattr(stages, "build_rejection_sampling", broken)
+        patch.setattr(train_stage, "build_rejection_sampling", broken)
         state = pipeline(config_path="configs/tiny.yaml", overrides=overrides,
                          return_state=True)
     assert state.is_failed()

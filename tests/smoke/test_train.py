@@ -239,7 +239,7 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
     from searchrl.models.tiny import load_policy
     from searchrl.retrieval.bm25 import BM25Index
     from searchrl.retrieval.index_store import LocalSearcher
-    from searchrl.train.cold_start import SFT_KEY_FILE
+    from searchrl.train.cold_start import SFT_KEY_FILE, cold_start
     from searchrl.train.grpo import train_policy_run
 
     cfg = _config(tmp_path, steps=1, checkpoint_every=0, eval_every=1, eval_questions=3)
@@ -249,8 +249,10 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
     paths = write_world(world, tmp_path / "data")
     searcher = LocalSearcher(world.passages, IndexConfig(retriever="bm25"),
                              bm25=BM25Index.build([p.contents for p in world.passages]))
-    result = train_policy_run(cfg, paths["train"], paths["corpus"], searcher, tmp_path / "out",
-                              dev_path=paths["dev"], progress=False)
+    # The train stage prepares the start before any rank runs (train/start.py).
+    sft = cold_start(cfg, world.splits["train"], world.passages, searcher, tmp_path / "out" / "sft")
+    result = train_policy_run(cfg, paths["train"], paths["corpus"], searcher, sft,
+                              tmp_path / "out", dev_path=paths["dev"], progress=False)
     assert result.steps_done == 1 and result.curve_path is not None
     model, tok = load_policy(result.policy_dir)
     assert "<search>" in tok.get_vocab() and model.config.num_hidden_layers == 1
@@ -260,8 +262,6 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
     # The cold start is reused, not rebuilt, by a second call with the same inputs.
     key = result.sft_dir / SFT_KEY_FILE
     before = key.stat().st_mtime_ns
-    from searchrl.train.cold_start import cold_start
-
     cold_start(cfg, world.splits["train"], world.passages, searcher, result.sft_dir)
     assert key.stat().st_mtime_ns == before
 

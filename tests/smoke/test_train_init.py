@@ -28,8 +28,8 @@ def test_train_policy_run_starts_from_the_given_policy(tmp_path: Path) -> None:
     paths = write_world(world, tmp_path / "data")
     searcher = LocalSearcher(world.passages, IndexConfig(retriever="bm25"),
                              bm25=BM25Index.build([p.contents for p in world.passages]))
-    result = train_policy_run(cfg, paths["train"], paths["corpus"], searcher, tmp_path / "out",
-                              progress=False, init_dir=start)
+    result = train_policy_run(cfg, paths["train"], paths["corpus"], searcher, start,
+                              tmp_path / "out", progress=False)
     assert result.steps_done == 1 and result.sft_dir == start and result.sft_seconds == 0.0
     assert not (tmp_path / "out" / "sft").exists()  # no cold start built
     assert (result.policy_dir / "model.safetensors").is_file()

@@ -230,3 +230,39 @@ def test_every_file_with_slow_tests_runs_in_ci() -> None:
     assert slow_files, "no slow test found: the marker's spelling changed?"
     missing = [f for f in slow_files if f not in ci_script]
     assert missing == [], f"slow tests that CI never runs: {missing}"
+
+
+# --- the train stage reads top down (issue 45; docs/DESIGN.md "The train stage's walk")
+
+
+def test_the_train_stage_reads_top_down() -> None:
+    # The config's trip from the train stage (tests/call_walk.py): it goes back up a layer
+    # at most 12 times, never re-enters stages.py, and enters cold_start.py at most twice
+    # (the start prepared once; PPO-ptx's demonstration helpers).
+    from searchrl import stages
+    from searchrl.config import load_config
+    from tests.call_walk import figures, walk
+
+    events = walk(stages.train_policy, load_config(SRC.parents[1] / "configs" / "tiny.yaml"))
+    reached = {f"{e.module}:{e.function}" for e in events}
+    assert {"searchrl.train.start:prepare_start", "searchrl.train.grpo:train_policy_run",
+            "searchrl.train.cold_start:cold_start", "searchrl.train.launch:launch_ranks",
+            "searchrl.train.rejection:build_rejection_sampling"} <= reached  # a real walk
+    walked = figures(events)
+    assert walked.climbs <= 12
+    assert "searchrl.stages" not in walked.visits
+    assert walked.visits["searchrl.train.cold_start"] <= 2
+
+
+def test_references_sit_below_every_stage() -> None:
+    # refs.py reads, writes and locks references for stages.py and train/stage.py alike: it
+    # imports neither (nor any stage's package), and names each reference's stage as
+    # STAGES does.
+    from searchrl.codehash import import_closure
+    from searchrl.refs import PRODUCERS
+    from searchrl.stages import STAGES
+
+    below = set(import_closure(["searchrl.refs"]))
+    assert not {m for m in below if m == "searchrl.stages" or m.startswith(
+        ("searchrl.train", "searchrl.eval", "searchrl.gate", "searchrl.curriculum"))}
+    assert {s.output_kind(): name for name, s in STAGES.items()} == PRODUCERS

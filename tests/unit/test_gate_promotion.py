@@ -22,13 +22,7 @@ from searchrl.contracts.drift import history_dir
 from searchrl.data.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.results import RESULTS_FILE
-from searchrl.stages import (
-    STAGES,
-    StageInputError,
-    champion_start,
-    decide_go_no_go,
-    fetch_champion_start,
-)
+from searchrl.stages import STAGES, StageInputError, decide_go_no_go
 from searchrl.tracking import (
     CHALLENGER,
     PREVIOUS,
@@ -41,6 +35,7 @@ from searchrl.tracking import (
     start_parent_run,
     weights_digest,
 )
+from searchrl.train.start import fetch_champion_start
 from searchrl.types import CheckpointRef, DatasetRef, EvalRef
 from tests.helpers import fresh_mlflow_uri, save_tiny_policy
 from tests.unit.test_gate_report import _eval
@@ -156,18 +151,18 @@ def test_train_init_champion_downloads_it_and_keys_the_stage_on_its_version(
     assert key(_config(tmp_path, uri)) == "init:base"
     with pytest.raises(StageInputError, match="no searchrl-world-b@champion"):
         fetch_champion_start(config, out, uri)
-    with pytest.raises(StageInputError, match=r"champion_start\.json not found"):
-        champion_start(config, out)
+    pointer = out / "champion_start.json"  # where the download is recorded
+    assert not pointer.exists()
     policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
     _gate(tmp_path, _config(tmp_path, uri), uri, policy,
           {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
     assert key(config) == "champion:searchrl-world-b:1"
     got = fetch_champion_start(config, out, uri)
-    assert got is not None and champion_start(config, out) == got
+    assert got is not None and json.loads(pointer.read_text())["dir"] == str(got)
     assert (got / "config.json").is_file() and (got / "tokenizer.json").is_file()
     assert json.loads((got / "searchrl_sft.json").read_text())["version"] == "1"
     assert fetch_champion_start(_config(tmp_path, uri), out, uri) is None
-    assert champion_start(_config(tmp_path, uri), out) is None
+    assert not pointer.exists()
 
 
 def test_train_init_champion_records_the_version_it_downloaded_when_the_alias_moves(

@@ -63,7 +63,7 @@ def test_a_stage_reference_of_this_release_is_read_and_another_format_is_a_stage
     (stage / "ref.json").write_text(json.dumps(unstamped))
     assert read_ref(DatasetRef, stage, "validate") == ref
     # A later release that changed the layout: the file is named, the stage to re-run too.
-    monkeypatch.setattr("searchrl.stages.READABLE_REF_FORMATS", frozenset({2}))
+    monkeypatch.setattr("searchrl.refs.READABLE_REF_FORMATS", frozenset({2}))
     with pytest.raises(StageInputError, match=r"ref\.json: reference format 1, this release "
                                               r"reads \[2\]; re-run `python -m searchrl "
                                               r"validate`"):

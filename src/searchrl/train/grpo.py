@@ -1,9 +1,9 @@
 """The GRPO trainer, top down: setup -> (rollout -> advantages -> update -> re-estimate ->
 evaluate -> log -> checkpoint)* -> save. The loop and its steps are here; what they work on
 and call lives beside it: `state.py` (the trainer's records: its state, best, result),
-`setup.py` (building and resuming that state), `cold_start.py` (the SFT policy RL starts
-from), `update.py` (the PPO/GRPO update engine), `selection.py` (keep-best, early stopping,
-best or last), `seeds.py`, and `plots.plot_curve`.
+`setup.py` (building and resuming that state), `update.py` (the PPO/GRPO update engine),
+`selection.py` (keep-best, early stopping, best or last), `seeds.py`, and
+`plots.plot_curve`. The policy it starts from is prepared before it runs (`start.py`).
 
 Each step rolls out `questions_per_step` questions x `group_size` samples with the live
 policy, scores them, turns the rewards into group-relative advantages, and makes
@@ -49,8 +49,8 @@ The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
   cold start never saw, so the copying the cold start taught is not unlearnt where the outcome
   reward does not check it; see `ptx.py`.
 
-Entry points: `train_policy_run` (cold start + GRPO; `python -m searchrl train` and the flow
-call it) and `train_grpo` (GRPO from a given start policy).
+Entry points: `train_policy_run` (a rank's GRPO from the start policy the train stage
+prepared, `stage.py`) and `train_grpo` (the loop, from a policy dir).
 
 Over 400 lines because the loop and its steps read top down here; what they call lives beside it
 (above).
@@ -83,7 +83,6 @@ from searchrl.rl.rollout import RolloutBatch, rollout_metrics, run_rollouts
 from searchrl.sinks import MetricsSink
 from searchrl.train import ds, selection
 from searchrl.train.checkpoint import save_checkpoint
-from searchrl.train.cold_start import cold_start, cold_start_seconds
 from searchrl.train.errors import TrainingError
 from searchrl.train.seeds import rollout_seed
 from searchrl.train.setup import setup_trainer
@@ -97,41 +96,27 @@ log = logging.getLogger(__name__)
 __all__ = ["TrainResult", "TrainerState", "setup_trainer", "train_grpo", "train_policy_run"]
 
 
-# --- entry points: cold start + GRPO, and the GRPO loop
+# --- entry points: a rank's GRPO from the prepared start, and the GRPO loop
 
 
 def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path,
-                     searcher: Searcher, out_dir: Path, *, sft_train_path: Path | None = None,
-                     dev_path: Path | None = None, sink: MetricsSink | None = None,
-                     progress: bool = True, init_dir: Path | None = None) -> TrainResult:
-    """Cold start (cached in `out_dir/sft`) then GRPO on `train_path` (curriculum order).
-
-    `sft_train_path` is the split the demonstrations come from (default `train_path`); the
-    pipeline passes the validated train split so the cold start the curriculum stage made is
-    reused (same key). `dev_path` questions feed the greedy learning curve. `init_dir` (a
-    saved policy, e.g. the registry's champion under train.init=champion) replaces the cold
-    start as GRPO's start: no cold start is built and none is charged.
+                     searcher: Searcher, init_dir: Path, out_dir: Path, *,
+                     init_seconds: float = 0.0, dev_path: Path | None = None,
+                     sink: MetricsSink | None = None, progress: bool = True) -> TrainResult:
+    """GRPO on `train_path` (curriculum order) from the start policy in `init_dir`, which the
+    train stage prepared before any rank runs (`start.py`: the cold start, or the champion
+    under train.init=champion); `init_seconds` is its time charged to training (the cold
+    start's, 0 for a champion). `dev_path` questions feed the greedy learning curve.
     """
     train = read_qa(train_path)
     if not train:
         raise TrainingError(f"{train_path}: no training questions (curriculum dropped all?)")
     passages = read_passages(corpus_path)
-    sft_examples = read_qa(sft_train_path) if sft_train_path else train
-    t0 = time.perf_counter()
-    # Several ranks: rank 0 builds (or finds) the cold start, the others then reuse its key.
     ds.init_distributed(resolve_device(config.run.device))
-    if init_dir is not None:
-        sft_dir, sft_seconds = init_dir, 0.0
-    else:
-        if ds.rank() == 0:
-            cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
-        ds.barrier()
-        sft_dir = cold_start(config, sft_examples, passages, searcher, out_dir / "sft", sink)
-        sft_seconds = cold_start_seconds(sft_dir, time.perf_counter() - t0)
     dev = read_qa(dev_path)[: config.train.eval_questions] if dev_path else []
-    result = train_grpo(config, train, searcher, sft_dir, out_dir, sink=sink, eval_examples=dev,
+    result = train_grpo(config, train, searcher, init_dir, out_dir, sink=sink, eval_examples=dev,
                         progress=progress, exclude_names={p.title for p in passages if p.title})
-    result.sft_seconds = sft_seconds
+    result.sft_seconds = init_seconds
     return result
 
 

@@ -3,11 +3,12 @@
 The stage process writes the resolved config next to the run, starts
 `python -m deepspeed.launcher.runner --num_gpus R [--hostfile F --num_nodes N] --module
 searchrl train-rank --config <it>` and waits. Each rank runs the rank entry point
-(`python -m searchrl train-rank`: `stages.run_training`, reading its inputs from the upstream
-stages' `ref.json`); rank 0 logs into the stage's MLflow run (its id passed on the command
-line) and writes the stage's `ref.json`. Each rank's output goes to its own log file; rank 0's
-is relayed to this process's output as it grows (progress), and when any rank fails the
-launcher stops the others and the error carries every rank's last lines.
+(`python -m searchrl train-rank`: `train.stage.launched_rank`, reading its inputs from the
+upstream stages' `ref.json` and the start policy the stage prepared); rank 0 logs into the
+stage's MLflow run (its id passed on the command line) and writes the stage's `ref.json`.
+Each rank's output goes to its own log file; rank 0's is relayed to this process's output as
+it grows (progress), and when any rank fails the launcher stops the others and the error
+carries every rank's last lines.
 
 Process lifetime: ranks never outlive the stage. The launcher (runner -> launch -> ranks) runs
 in a process group of its own, which the stage stops (SIGTERM, SIGKILL after a grace period)
