@@ -4,21 +4,15 @@
 
 The Prefect tasks (`tasks/*.py`) and the CLI (`python -m searchrl <stage>`) call these and
 nothing else, so both run exactly the same code and write the same files under
-`run.work_dir`. A stage removes its `ref.json` first and writes it last: a stage directory
-with a `ref.json` is complete, and the CLI reads a stage's inputs from its upstream stages'
-`ref.json`. Every reference lists the files it stands for with their fingerprints, so a cached
-reference is reused only while those files exist unchanged (`ref_is_current`), and a stage
-reads only what its own upstream wrote: it checks its input references' files before it reads
-them and again before it publishes (`check_inputs`), so a run whose inputs another run on the
-same work dir replaced fails naming them instead of deciding on that run's numbers
-(`searchrl/refs.py`: reading, writing and locking references).
+`run.work_dir`. Each stage removes its `ref.json` first and writes it last, and checks its
+input references' files before it reads them and again before it publishes
+(`searchrl/refs.py`: reading, writing and locking references). The train stage is
+`train/stage.py` (a recipe of named steps, top down); it is wired in here.
 
 `STAGES` says, per stage, which inputs outside the references (data files, contract suites,
 overrides, the registry's champion) its result depends on; the config values it depends on
 are declared per field in `searchrl.config` (`config.inputs_of(stage)`); the cache key
 (tasks/_common.py) adds the code the stage reaches (`searchrl.codehash`).
-
-The train stage is `train/stage.py` (a recipe of named steps, top down); it is wired here.
 
 Over 400 lines because the stage functions share one contract (the stage dir's lock, `ref.json`
 removed first and written last, the files a reference vouches for, the inputs in `STAGES`) and
