@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from searchrl.config import IndexConfig, PipelineConfig, load_config
@@ -155,19 +154,26 @@ def _ok(request: httpx.Request) -> httpx.Response:
         for q in queries]})
 
 
-def test_client_retries_transient_failures_then_succeeds() -> None:
+@pytest.mark.parametrize("failures", [
+    (httpx.ConnectError("refused"), httpx.Response(503, json={"detail": "warming up"})),
+    (httpx.Response(429, headers={"Retry-After": "0"}, json={"detail": "rate limit"}),),
+], ids=["refused-then-503", "429"])
+def test_client_retries_transient_failures_then_succeeds(
+        failures: tuple[httpx.Response | httpx.ConnectError, ...]) -> None:
     seen: list[int] = []
 
     def flaky(request: httpx.Request) -> httpx.Response:
+        """`failures` in turn, one a request, then the hits."""
         seen.append(1)
-        if len(seen) == 1:
-            raise httpx.ConnectError("refused")
-        if len(seen) == 2:
-            return httpx.Response(503, json={"detail": "warming up"})
-        return _ok(request)
+        if len(seen) > len(failures):
+            return _ok(request)
+        failure = failures[len(seen) - 1]
+        if isinstance(failure, httpx.ConnectError):
+            raise failure
+        return failure
 
     hits = _client(flaky).search_batch(["a", "b"], 1)
-    assert len(seen) == 3
+    assert len(seen) == len(failures) + 1
     assert [[h.doc_id for h in q] for q in hits] == [["a-1"], ["b-1"]]
     # Hits from any server (Search-R1's does not escape) are neutralised client-side.
     assert "<answer>" not in hits[0][0].contents and hits[0][0].score == 2.0
@@ -211,17 +217,9 @@ def test_client_against_a_dead_port_fails_clearly_and_quickly() -> None:
 
 @pytest.fixture
 def live_server(fake: FakeSearcher) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(fake, CONFIG, token="t0k"),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    """The service behind token t0k, served by uvicorn on a free loopback port."""
+    with serving(create_app(fake, CONFIG, token="t0k")) as url:
+        yield url
 
 
 def test_client_round_trip_through_a_real_server(live_server: str,
@@ -373,20 +371,6 @@ def test_the_demos_largest_searches_fit_the_servers_limits(fake: FakeSearcher) -
     assert config.rollout.top_k <= config.index.max_top_k
 
 
-def test_client_retries_429_then_succeeds() -> None:
-    seen: list[int] = []
-
-    def limited_once(request: httpx.Request) -> httpx.Response:
-        seen.append(1)
-        if len(seen) == 1:
-            return httpx.Response(429, headers={"Retry-After": "0"},
-                                  json={"detail": "rate limit"})
-        return _ok(request)
-
-    hits = _client(limited_once).search_batch(["a"], 1)
-    assert len(seen) == 2 and hits[0][0].doc_id == "a-1"
-
-
 def test_client_waits_for_retry_after_but_no_longer_than_its_timeout() -> None:
     seen: list[float] = []
 
@@ -469,6 +453,17 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _flow_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **update: object
+                 ) -> tuple[IndexConfig, PipelineConfig]:
+    """A flow's config working in `tmp_path` whose index is a managed service
+    (`_service_config(**update)`), with no token in the environment: the server generates
+    one for its block."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    index = _service_config(**update)
+    return index, PipelineConfig.model_validate(
+        {"run": {"work_dir": str(tmp_path)}}).model_copy(update={"index": index})
+
+
 def test_serve_index_answers_like_the_inprocess_searcher_then_stops(
         real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -522,10 +517,7 @@ def test_a_taken_port_fails_before_starting(real_index: Path) -> None:
 def test_the_flows_server_starts_with_its_first_searcher_only(
         real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A re-run whose searching stages all come from cache never loads the index."""
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    index = _service_config()
-    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
-        update={"index": index})
+    index, config = _flow_config(tmp_path, monkeypatch)
     log = tmp_path / "retrieval_service" / "server.log"
     with retrieval_service(config, real_index) as searchers:
         assert not searchers.started
@@ -555,10 +547,7 @@ def test_a_dying_managed_server_is_restarted_once_then_fails_the_stage(
     """A real server SIGKILLed mid-use: the next search restarts it and succeeds; a second
     death raises ServiceError naming the service and its log (not a SearchError, which a
     rollout would count as one failed search)."""
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    index = _service_config(client_retries=1, client_backoff_s=0.05)
-    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
-        update={"index": index})
+    index, config = _flow_config(tmp_path, monkeypatch, client_retries=1, client_backoff_s=0.05)
     with retrieval_service(config, real_index) as searchers:
         searcher = searchers.searcher(real_index)
         before = searcher.search_batch(["Scott Derrickson"], 2)
@@ -580,10 +569,7 @@ def test_a_dying_managed_server_is_restarted_once_then_fails_the_stage(
 
 def test_a_restart_is_counted_in_the_saved_stats(
         real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    index = _service_config(client_retries=1, client_backoff_s=0.05)
-    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
-        update={"index": index})
+    index, config = _flow_config(tmp_path, monkeypatch, client_retries=1, client_backoff_s=0.05)
     with retrieval_service(config, real_index) as searchers:
         searcher = searchers.searcher(real_index)
         _kill_server(index)
@@ -594,10 +580,7 @@ def test_a_restart_is_counted_in_the_saved_stats(
 
 def test_a_failed_search_on_a_live_server_is_no_restart(
         real_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    index = _service_config(client_retries=0)
-    config = PipelineConfig.model_validate({"run": {"work_dir": str(tmp_path)}}).model_copy(
-        update={"index": index})
+    _, config = _flow_config(tmp_path, monkeypatch, client_retries=0)
     with retrieval_service(config, real_index) as searchers:
         searcher = searchers.searcher(real_index)
         with pytest.raises(SearchError, match="HTTP 4"):
