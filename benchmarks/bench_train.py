@@ -28,8 +28,13 @@ steps, as seconds, share of the training wall time and seconds per step:
 
 then rollout tokens/s (policy-sampled tokens per second of generation), update tokens/s
 (tokens through forward+backward per second of update) and peak resident memory. `--compare`
-also prints greedy test EM by hop: SFT (agentic, no_search, retrieve_once) vs the GRPO policy.
-Wall times on a shared CPU are pessimistic; the shares are what to read.
+also prints greedy test EM by hop: SFT (agentic, no_search, retrieve_once) vs the GRPO policy,
+and the cold start's pass@8 and pass@1 on the train questions the curriculum estimated, read
+from a pipeline run's curriculum stage (`--curriculum DIR`: its `difficulty.parquet`, the 8
+sampled rollouts per question the stage drew; default: a filter_curriculum dir in `--work` or
+beside it, as in a pipeline run's work dir; the line says whether it estimated this very cold
+start; this benchmark runs no curriculum stage itself). Wall times on a shared CPU are
+pessimistic; the shares are what to read.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch
 
 from searchrl.config import load_config
+from searchrl.data.io import fingerprint
 from searchrl.data.synthetic import generate_world
 from searchrl.data.tuning import default_tuning_seed, require_tuning_world
 from searchrl.eval.metrics import paired_bootstrap_delta
@@ -100,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                              "retrieve_once) vs the GRPO policy")
     parser.add_argument("--compare-only", action="store_true",
                         help="no training: compare --work's cold start with its GRPO policy")
+    parser.add_argument("--curriculum", type=Path, default=None,
+                        help="a pipeline run's filter_curriculum dir: the cold start's pass@k "
+                             "with the comparison (default: one in --work or beside it)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     parser.add_argument("--no-mlflow", action="store_true", help="log to no sink")
     parser.add_argument("--world-seed", type=int, default=None,
@@ -115,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     searcher = LocalSearcher(world.passages, config.index.model_copy(update={"retriever": "bm25"}),
                              bm25=BM25Index.build([p.contents for p in world.passages]))
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-train-"))
+    # A pipeline run's work dir holds filter_curriculum beside train_policy (its sft).
+    curriculum = args.curriculum or next(
+        (d for d in (work / "filter_curriculum", work.parent / "filter_curriculum")
+         if (d / "difficulty.parquet").is_file()), work / "filter_curriculum")
     if args.compare_only:
         best = work / "grpo" / "best_policy"
         compare(config, world, searcher, work / "sft",
-                best if best.is_dir() else work / "grpo" / "policy")
+                best if best.is_dir() else work / "grpo" / "policy", curriculum)
         return 0
     t0 = time.perf_counter()
     sft = cold_start(config, world.splits["train"], world.passages, searcher, work / "sft")
@@ -158,12 +171,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
     if args.compare:
-        compare(config, world, searcher, sft, result.best_policy_dir or result.policy_dir)
+        compare(config, world, searcher, sft, result.best_policy_dir or result.policy_dir,
+                curriculum)
         print("curve:", result.curve_path)
     return 0
 
 
-def compare(config: Any, world: Any, searcher: Any, sft: Path, policy: Path) -> None:
+def cold_start_pass_at_k(curriculum_dir: Path) -> dict[str, Any] | None:
+    """pass@k (share of estimated questions with at least one correct of their k samples) and
+    pass@1 (the mean share correct) of the policy the curriculum stage estimated with, from its
+    `difficulty.parquet` (one row per question: samples, pass_rate, policy_fingerprint); None
+    when the dir holds no estimate."""
+    path = curriculum_dir / "difficulty.parquet"
+    if not path.is_file():
+        return None
+    import pandas as pd
+
+    frame = pd.read_parquet(path)
+    if frame.empty:
+        return None
+    return {"questions": len(frame), "k": sorted({int(k) for k in frame["samples"]}),
+            "pass_at_k": float((frame["pass_rate"] > 0).mean()),
+            "pass_at_1": float(frame["pass_rate"].mean()),
+            "policy_fingerprints": sorted(set(frame["policy_fingerprint"]))}
+
+
+def print_cold_start_pass(curriculum_dir: Path, sft: Path) -> None:
+    rates = cold_start_pass_at_k(curriculum_dir)
+    if rates is None:
+        print(f"cold start pass@8: no curriculum estimate in {curriculum_dir} (pass "
+              "--curriculum RUN_WORK_DIR/filter_curriculum)")
+        return
+    same = rates["policy_fingerprints"] == [fingerprint(sft)] if sft.is_dir() else False
+    ks = "/".join(str(k) for k in rates["k"])
+    print(f"cold start (curriculum estimate, {rates['questions']} train questions x {ks} "
+          f"samples): pass@{ks} {rates['pass_at_k']:.3f}, pass@1 {rates['pass_at_1']:.3f} "
+          f"({'this' if same else 'NOT this'} cold start: {curriculum_dir})")
+
+
+def compare(config: Any, world: Any, searcher: Any, sft: Path, policy: Path,
+            curriculum: Path | None = None) -> None:
+    if curriculum is not None:
+        print_cold_start_pass(curriculum, sft)
     test = world.splits["test"]
     systems = [("sft", sft, "agentic"), ("no_search", sft, "no_search"),
                ("retrieve_once", sft, "retrieve_once"), ("grpo", policy, "agentic")]
