@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -35,6 +35,9 @@ from searchrl.rl.rollout import (
 from searchrl.types import QAExample
 from tests.tagged_policy import WORDS, demo_tokenizer
 from tests.tagged_policy import searching_model as train_searching_model
+
+if TYPE_CHECKING:
+    from searchrl.train.grpo import TrainResult
 
 RETRIES = 2  # so every search call is exactly 3 HTTP requests
 EXAMPLES = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
@@ -230,32 +233,33 @@ def test_transient_500s_are_absorbed_by_the_retries(
 # --- a GRPO step against the failing service
 
 
-def _one_step_setup(tmp_path: Path, model: PreTrainedModel, tok: PreTrainedTokenizerBase,
-                    rollout: RolloutConfig, *, checkpoint_every: int
-                    ) -> tuple[Path, PipelineConfig]:
-    """The searching model saved as a start policy, and a one-step GRPO config over it."""
+def _grpo_one_step(tmp_path: Path, model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+                   service: FailingService, rollout: RolloutConfig, *, checkpoint_every: int
+                   ) -> tuple[TrainResult, PipelineConfig]:
+    """One GRPO step from the searching model (saved as the start policy) into
+    `tmp_path/out`, searching `service`: train_grpo's result and the config it ran."""
+    from searchrl.train.grpo import train_grpo
     from searchrl.train.sft import save_policy
 
     init = tmp_path / "init"
     save_policy(model, tok, init)
-    return init, PipelineConfig.model_validate({
+    config = PipelineConfig.model_validate({
         "run": {"device": "cpu", "work_dir": str(tmp_path), "seed": 1},
         "rollout": rollout.model_dump(mode="json") | {"group_size": 2},
         "curriculum": {"dynamic_filtering": False},
         "train": {"steps": 1, "questions_per_step": 2, "micro_batch_size": 4,
                   "checkpoint_every": checkpoint_every, "kl_coef": 0.0},
     })
+    with _client(service) as client:
+        return train_grpo(config, EXAMPLES, client, init, tmp_path / "out",
+                          progress=False), config
 
 
 def test_grpo_step_with_the_service_down_fails_instead_of_training(
         tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
-    from searchrl.train.grpo import train_grpo
-
-    init, config = _one_step_setup(tmp_path, searching_model, tok, ROLLOUT, checkpoint_every=1)
-    with _client(down) as client, pytest.raises(RetrieverFailedError,
-                                                 match="search calls failed"):
-        train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
+    with pytest.raises(RetrieverFailedError, match="search calls failed"):
+        _grpo_one_step(tmp_path, searching_model, tok, down, ROLLOUT, checkpoint_every=1)
     # Nothing was trained on the errors: no step logged, no checkpoint, no final policy.
     metrics = tmp_path / "out" / "metrics.jsonl"
     assert not metrics.exists() or metrics.read_text().strip() == ""
@@ -266,11 +270,8 @@ def test_grpo_step_with_the_service_down_fails_instead_of_training(
 def test_grpo_step_with_failures_tolerated_completes_and_logs_the_errors(
         tmp_path: Path, searching_model: PreTrainedModel, tok: PreTrainedTokenizerBase,
         down: FailingService) -> None:
-    from searchrl.train.grpo import train_grpo
-
-    init, config = _one_step_setup(tmp_path, searching_model, tok, TOLERANT, checkpoint_every=0)
-    with _client(down) as client:
-        result = train_grpo(config, EXAMPLES, client, init, tmp_path / "out", progress=False)
+    result, config = _grpo_one_step(tmp_path, searching_model, tok, down, TOLERANT,
+                                    checkpoint_every=0)
     assert result.steps_done == 1 and result.skipped_steps == 0
     row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     rollouts = config.train.questions_per_step * config.rollout.group_size
