@@ -5,6 +5,7 @@ step function trains it and a Qwen-architecture model through `model.kind: pretr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,13 @@ from searchrl.models.prior import (
 from searchrl.models.tiny import TAG_TOKENS, build_tiny_model, init_policy, load_policy
 from searchrl.retrieval.dense import resolve_encoder_path
 from searchrl.rl.prompts import build_prompt
+from searchrl.rl.rollout import run_rollouts
 from searchrl.tracking import download_registered_policy, register_policy, start_parent_run
+from searchrl.train.cold_start import demo_kwargs
+from searchrl.train.demos import build_demos
 from searchrl.train.grpo import train_grpo
-from searchrl.train.sft import save_policy
+from searchrl.train.sft import save_policy, tokenize_demo
+from searchrl.types import Passage, SearchHit
 from tests.helpers import fresh_mlflow_uri
 from tests.train_fixture import fake_rollouts, tiny_config, train_examples
 
@@ -194,3 +199,62 @@ def test_a_new_release_of_the_package_changes_the_stages_that_prepare_the_prior(
     # Another model's keys do not read the package.
     assert inputs["filter_curriculum"](tiny) == ""  # type: ignore[misc]
     assert inputs["train_policy"](tiny) == "init:base"  # type: ignore[misc]
+
+
+def test_a_shallower_prior_keeps_the_packages_first_layers_and_records_them(
+        tmp_path: Path) -> None:
+    source = resolve_encoder_path(BUNDLED_PRIOR)
+    assert source is not None
+    package = load_file(str(source / "model.safetensors"))
+    out = prepare_prior(_world_texts()[:50], TAG_TOKENS, tmp_path / "p3", layers=3)
+    model, _ = load_policy(out)
+    state = model.state_dict()
+    assert model.config.num_hidden_layers == 3
+    assert not any(k.startswith("bert.encoder.layer.3.") for k in state)
+    name = "encoder.layer.2.output.dense.weight"
+    assert torch.equal(state[f"bert.{name}"], package[name])
+    recorded = getattr(model.config, PRIOR_CONFIG_KEY)
+    assert (recorded["layers"], recorded["source_layers"]) == (3, 6)
+
+
+def test_prior_layers_is_refused_for_any_model_but_the_bundled_prior() -> None:
+    base = tiny_config(Path("/tmp")).model_dump()
+    base["model"] = {"kind": "pretrained", "name_or_path": "Qwen/Qwen2.5-0.5B",
+                     "prior": {"layers": 3}}
+    with pytest.raises(ValueError, match=r"model\.prior\.layers applies to the bundled prior"):
+        PipelineConfig.model_validate(base)
+    base["model"]["name_or_path"] = BUNDLED_PRIOR
+    assert PipelineConfig.model_validate(base).model.prior.layers == 3
+
+
+class _GoldSearcher:
+    """Every passage titled as a query (the demonstrations' gold searches)."""
+
+    def __init__(self, passages: list[Passage]) -> None:
+        self.by_title = {p.title: p for p in passages}
+
+    def search_batch(self, queries: Sequence[str], top_k: int) -> list[list[SearchHit]]:
+        return [[SearchHit(doc_id=p.id, title=p.title or "", contents=p.contents, score=1.0)
+                 for p in [self.by_title[q.strip()]] if p] if q.strip() in self.by_title
+                else [] for q in queries]
+
+
+def test_demonstrations_start_as_the_prior_s_rollouts_start(prior_dir: Path) -> None:
+    """SFT and PPO-ptx rows begin with the [CLS] the rollout's prompt begins with (they were
+    once encoded without it: the cold start learnt from contexts no rollout ever had)."""
+    config = tiny_config(Path("/tmp"))
+    world = generate_world(config.data.synthetic)
+    examples = world.splits["train"][:3]
+    searcher = _GoldSearcher(world.passages)
+    demos, _ = build_demos(examples, {p.id: p for p in world.passages}, searcher,
+                           **demo_kwargs(config, gold_only=True))
+    model, tok = load_policy(prior_dir)
+    batch = run_rollouts(examples, HFGenerator(model, tok), searcher, config.rollout,
+                         config.reward, group_size=1, greedy=True, mode="no_search")
+    rows = {demo.example_id: tokenize_demo(demo, tok, max_len=4096).input_ids
+            for demo in demos}
+    assert len(rows) == len(batch.records) == 3
+    for record in batch.records:
+        ids = rows[record.example_id]
+        assert record.prompt_ids[0] == tok.cls_token_id
+        assert ids[:len(record.prompt_ids)] == record.prompt_ids

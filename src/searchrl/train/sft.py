@@ -56,8 +56,11 @@ def tokenize_demo(demo: Demo, tokenizer: PreTrainedTokenizerBase, max_len: int) 
     """
     ids: list[int] = []
     mask: list[int] = []
-    for text, trainable in demo.segments:
-        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for i, (text, trainable) in enumerate(demo.segments):
+        # The first segment (the prompt) with the tokenizer's special tokens, as the rollout
+        # encodes its prompt: a model with a BOS (the MiniLM prior's [CLS]) must learn from
+        # demonstrations that start the way its rollouts start.
+        seg = tokenizer(text, add_special_tokens=i == 0)["input_ids"]
         ids.extend(seg)
         mask.extend([int(trainable)] * len(seg))
     if len(ids) > max_len:
