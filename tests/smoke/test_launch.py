@@ -72,6 +72,8 @@ def test_the_flow_launches_ranks_that_train_like_hand_started_ranks(
     for stage in ("validate_gold_labels", "build_index", "filter_curriculum"):
         shutil.copytree(work / stage, copy / stage)
     shutil.copytree(work / "train_policy" / "sft", copy / "train_policy" / "sft")
+    # The start the stage prepared, which every rank reads (train/start.py).
+    shutil.copy(work / "train_policy" / "start.json", copy / "train_policy")
     port = str(free_port())
     args = ["train-rank", "--config", "configs/tiny.yaml", *overrides, f"run.work_dir={copy}"]
     procs = [subprocess.Popen(

@@ -44,9 +44,14 @@ class StartPolicy:
     seconds: float
     cold_dir: Path | None
 
-    def to_json(self) -> str:
-        return json.dumps({k: (str(v) if isinstance(v, Path) else v)
-                           for k, v in asdict(self).items()})
+    def to_json(self, out_dir: Path) -> str:
+        """The record, its dirs relative to the stage dir `out_dir` where they lie in it (a
+        copy of the stage dir names its own start)."""
+        def rel(v: object) -> object:
+            if not isinstance(v, Path):
+                return v
+            return str(v.relative_to(out_dir)) if v.is_relative_to(out_dir) else str(v)
+        return json.dumps({k: rel(v) for k, v in asdict(self).items()})
 
 
 def prepare_start(config: PipelineConfig, dataset: DatasetRef, curriculum: CurriculumRef | None,
@@ -79,7 +84,7 @@ def prepare_start(config: PipelineConfig, dataset: DatasetRef, curriculum: Curri
                             made)
     else:
         start = StartPolicy(champion, evaluated, 0.0, made)
-    atomic_write_text(pointer, start.to_json())
+    atomic_write_text(pointer, start.to_json(out_dir))
     return start
 
 
@@ -91,8 +96,9 @@ def read_start(out_dir: Path) -> StartPolicy:
                               "train stage prepares; run `python -m searchrl train`, not a "
                               "rank alone")
     data = json.loads(pointer.read_text())
-    return StartPolicy(Path(data["policy_dir"]), Path(data["sft_dir"]), float(data["seconds"]),
-                       Path(data["cold_dir"]) if data["cold_dir"] is not None else None)
+    cold = data["cold_dir"]
+    return StartPolicy(out_dir / data["policy_dir"], out_dir / data["sft_dir"],
+                       float(data["seconds"]), out_dir / cold if cold is not None else None)
 
 
 def fetch_champion_start(config: PipelineConfig, out_dir: Path, tracking_uri: str | None
