@@ -37,9 +37,9 @@ from searchrl.eval.metrics import paired_bootstrap_delta
 from searchrl.generation.base import Generator, SamplingParams
 from searchrl.generation.factory import make_generator
 from searchrl.rl.rewards import exact_match
-from searchrl.train.cold_start import bm25_searcher, demo_kwargs, extra_world_seeds
-from searchrl.train.demos import Demo, world_demos
-from searchrl.train.sft import tokenize_demo
+from searchrl.train.cold_start.build import bm25_searcher, demo_kwargs, extra_world_seeds
+from searchrl.train.cold_start.demos import Demo, world_demos
+from searchrl.train.cold_start.sft import tokenize_demo
 
 _CLOSE = {"<search>": "</search>", "<answer>": "</answer>"}
 

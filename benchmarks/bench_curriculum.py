@@ -28,8 +28,8 @@ from searchrl.data.tuning import default_tuning_seed, require_tuning_world
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
 from searchrl.sinks import NullSink
 from searchrl.tracking import end_run, start_child_run, start_parent_run
-from searchrl.train.cold_start import cold_start
-from searchrl.train.grpo import train_grpo
+from searchrl.train.cold_start.build import cold_start
+from searchrl.train.grpo.trainer import train_grpo
 
 
 def _rollouts_per_step(history: list[dict[str, Any]], config: PipelineConfig) -> list[int]:

@@ -36,8 +36,8 @@ from searchrl.models.prior import BUNDLED_PRIOR
 from searchrl.models.tiny import init_policy
 from searchrl.rl.prompts import build_prompt
 from searchrl.sinks import NullSink
-from searchrl.train.cold_start import _demonstrations, bm25_searcher
-from searchrl.train.sft import batch_loss_backward, tokenize_demo
+from searchrl.train.cold_start.build import _demonstrations, bm25_searcher
+from searchrl.train.cold_start.sft import batch_loss_backward, tokenize_demo
 
 
 def _train_tps(model: Any, tokenizer: Any, demos: list[Any], cfg: Any, batches: int) -> float:

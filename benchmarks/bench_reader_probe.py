@@ -67,10 +67,10 @@ from searchrl.models.tiny import init_policy
 from searchrl.retrieval.base import SearchError
 from searchrl.rl.rollout import run_rollouts
 from searchrl.text import normalize_answer
-from searchrl.train.cold_start import demo_kwargs
-from searchrl.train.demos import Demo, _render_baseline
+from searchrl.train.cold_start.build import demo_kwargs
+from searchrl.train.cold_start.demos import Demo, _render_baseline
+from searchrl.train.cold_start.sft import TokenizedDemo, batch_loss_backward, tokenize_demo
 from searchrl.train.seeds import seed_everything
-from searchrl.train.sft import TokenizedDemo, batch_loss_backward, tokenize_demo
 from searchrl.types import Passage, QAExample, SearchHit
 
 # The candidates by name: config overrides on top of --config (anything else: key=value).

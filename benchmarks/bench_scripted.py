@@ -29,7 +29,7 @@ from searchrl.eval.metrics import bootstrap_mean_ci
 from searchrl.eval.scripted import ScriptedSystem, default_encoder
 from searchrl.eval.scripted_regex import RegexScriptedSystem
 from searchrl.rl.rewards import exact_match
-from searchrl.train.cold_start import bm25_searcher
+from searchrl.train.cold_start.build import bm25_searcher
 from searchrl.types import QAExample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ from searchrl.data.world import write_world
 from searchrl.retrieval.index_store import build_index
 from searchrl.retrieval.service import serve_index
 from searchrl.sinks import NullSink
-from searchrl.train.ds import free_port
+from searchrl.train.distributed.deepspeed_setup import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_K = 3  # Search-R1's retriever.topk

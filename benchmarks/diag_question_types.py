@@ -35,8 +35,8 @@ from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.prompts import build_prompt
 from searchrl.text import normalize_answer
-from searchrl.train import demos as demos_module
-from searchrl.train.cold_start import extra_world_seeds, information_block
+from searchrl.train.cold_start import demos as demos_module
+from searchrl.train.cold_start.build import extra_world_seeds, information_block
 from searchrl.types import Passage
 
 ROOT = Path(__file__).resolve().parents[1]

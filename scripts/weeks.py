@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:  # flows/ and tasks/, as flows/pipeline.py does
 
 from flows.weekly import simulate  # noqa: E402
 from searchrl.exit_codes import exit_on_sigterm  # noqa: E402
-from searchrl.train.ds import free_port  # noqa: E402
+from searchrl.train.distributed.deepspeed_setup import free_port  # noqa: E402
 from searchrl.weekly import report  # noqa: E402
 
 

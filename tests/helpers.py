@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from searchrl.config import PipelineConfig
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.sinks import NullSink
-from searchrl.train.ds import free_port
+from searchrl.train.distributed.deepspeed_setup import free_port
 
 __all__ = ["RecordingSink", "free_port", "save_tiny_policy", "serving"]
 

@@ -41,7 +41,7 @@ def train_examples() -> list[QAExample]:
 def build_init_policy(out: Path) -> Path:
     """The untrained tiny starting policy (tokenizer trained on the world's corpus)."""
     from searchrl.models.tiny import build_tiny_model, train_tokenizer
-    from searchrl.train.sft import save_policy
+    from searchrl.train.cold_start.sft import save_policy
 
     world = generate_world(tiny_config(Path("/tmp")).data.synthetic)
     tok = train_tokenizer([p.contents for p in world.passages], vocab_size=TINY["vocab_size"])

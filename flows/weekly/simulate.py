@@ -58,7 +58,7 @@ class Plan:
 
 
 def _retriever_down() -> list[str]:
-    from searchrl.train.ds import free_port
+    from searchrl.train.distributed.deepspeed_setup import free_port
 
     port = free_port()  # nothing listens there: the service the stages search is down
     return ["index.mode=service", "index.service_managed=false",

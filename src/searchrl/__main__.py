@@ -183,7 +183,11 @@ def _train_rank(config: PipelineConfig, args: argparse.Namespace) -> int:
     """One rank of the train stage, as DeepSpeed's launcher starts it (`$RANK` etc. set):
     the stage's inputs from the upstream `ref.json`, then `train.stage.launched_rank`; rank
     0 logs into `--mlflow-run-id` and writes the stage's reference."""
-    from searchrl.train.launch import env_rank, guard_rank_process, load_launch_secrets
+    from searchrl.train.distributed.launcher import (
+        env_rank,
+        guard_rank_process,
+        load_launch_secrets,
+    )
     from searchrl.train.stage import launched_rank
 
     guard_rank_process()  # never outlive the stage that launched us

@@ -118,7 +118,7 @@ def _superseded(config: PipelineConfig) -> list[Deletion]:
     but the newest `checkpoints_per_run` that verify (manifest and checksums: a newer corrupt
     one is no keeper), and every half-written `.step_*.tmp` (no training writes into a
     superseded run). Only called with no training in flight in the work dir."""
-    from searchrl.train.checkpoint import STEP_PREFIX, CheckpointError, verify_checkpoint
+    from searchrl.train.grpo.checkpoint import STEP_PREFIX, CheckpointError, verify_checkpoint
 
     train_dir = StagePaths(config.run.work_dir).train_dir
     runs = sorted((p for p in train_dir.glob(SUPERSEDED_GLOB) if p.is_dir()),
@@ -403,7 +403,7 @@ def prune(config: PipelineConfig, uri: str | None, *, dry_run: bool = False,
     training starts meanwhile) and the index stage dir's lock (the one every `build_index`
     holds, the flow's and the CLI's: no build reads or writes embedding shards meanwhile); a
     lock held elsewhere leaves what it guards alone."""
-    from searchrl.train.checkpoint import CheckpointLockError, checkpoint_dir_lock
+    from searchrl.train.grpo.checkpoint import CheckpointLockError, checkpoint_dir_lock
 
     paths = StagePaths(config.run.work_dir)
     with ExitStack() as locks:

@@ -65,8 +65,8 @@ from searchrl.refs import (
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes
 from searchrl.retrieval.provider import SearcherProvider, searchers_for
 from searchrl.sinks import MetricsSink
-from searchrl.train.cold_start import cold_start
-from searchrl.train.rejection import SAMPLES_FILE, write_estimate_samples
+from searchrl.train.cold_start.build import cold_start
+from searchrl.train.rejection_sampling import SAMPLES_FILE, write_estimate_samples
 from searchrl.train.stage import train_policy
 from searchrl.types import (
     CheckpointRef,

@@ -118,8 +118,8 @@ class CurriculumRef(_CostedOutput):
     fingerprint: str
     difficulty_path: str | None = None
     dropped_path: str | None = None
-    # The difficulty estimate's correct samples, which rejection sampling (train/rejection.py)
-    # fine-tunes on instead of sampling the same policy again.
+    # The difficulty estimate's correct samples, which rejection sampling
+    # (train/rejection_sampling.py) fine-tunes on instead of sampling the same policy again.
     samples_path: str | None = None
 
 

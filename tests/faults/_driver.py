@@ -101,8 +101,8 @@ def _wait_for_kill(marker: Path, what: str) -> None:
 
 
 def _arm(point: str, marker: Path) -> None:
-    import searchrl.train.checkpoint as ckpt
-    import searchrl.train.grpo as grpo
+    import searchrl.train.grpo.checkpoint as ckpt
+    import searchrl.train.grpo.trainer as grpo
 
     kind, _, rest = point.partition(":")
     if kind == "update":
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.marker is None:
             raise SystemExit("--pause-at needs --marker")
         _arm(args.pause_at, args.marker)
-    from searchrl.train.grpo import train_grpo
+    from searchrl.train.grpo.trainer import train_grpo
 
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rollouts = traced_rollouts(args.trace) if multi or args.trace else fake_rollouts

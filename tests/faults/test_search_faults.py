@@ -37,7 +37,7 @@ from tests.tagged_policy import WORDS, demo_tokenizer
 from tests.tagged_policy import searching_model as train_searching_model
 
 if TYPE_CHECKING:
-    from searchrl.train.grpo import TrainResult
+    from searchrl.train.grpo.trainer import TrainResult
 
 RETRIES = 2  # so every search call is exactly 3 HTTP requests
 EXAMPLES = [QAExample(id=f"q{i}", question=f"what about {WORDS[i]}?",
@@ -238,8 +238,8 @@ def _grpo_one_step(tmp_path: Path, model: PreTrainedModel, tok: PreTrainedTokeni
                    ) -> tuple[TrainResult, PipelineConfig]:
     """One GRPO step from the searching model (saved as the start policy) into
     `tmp_path/out`, searching `service`: train_grpo's result and the config it ran."""
-    from searchrl.train.grpo import train_grpo
-    from searchrl.train.sft import save_policy
+    from searchrl.train.cold_start.sft import save_policy
+    from searchrl.train.grpo.trainer import train_grpo
 
     init = tmp_path / "init"
     save_policy(model, tok, init)

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.train.checkpoint import (
+from searchrl.train.grpo.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,

@@ -18,7 +18,7 @@ from searchrl.eval.results import load_eval_result
 from searchrl.stages import REF_FILE
 from searchrl.tracking import child_runs
 from searchrl.train import stage as train_stage
-from searchrl.train.cold_start import SFT_STATS_FILE
+from searchrl.train.cold_start.build import SFT_STATS_FILE
 
 # Small enough for the default test run; every stage still runs for real.
 FAST = [

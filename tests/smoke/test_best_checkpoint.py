@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import searchrl.train.grpo as grpo
+import searchrl.train.grpo.trainer as grpo
 from searchrl.config import PipelineConfig
-from searchrl.train.errors import TrainingError
-from searchrl.train.grpo import train_grpo
-from searchrl.train.selection import BEST_FILE, best_dir, choose_policy
-from searchrl.train.state import Best
+from searchrl.train.grpo.errors import TrainingError
+from searchrl.train.grpo.selection import BEST_FILE, best_dir, choose_policy
+from searchrl.train.grpo.state import Best
+from searchrl.train.grpo.trainer import train_grpo
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
 pytestmark = pytest.mark.smoke

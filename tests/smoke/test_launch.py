@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from flows.pipeline import pipeline
 from searchrl.tracking import child_runs
-from searchrl.train.checkpoint import CheckpointLockError, checkpoint_dir_lock
+from searchrl.train.grpo.checkpoint import CheckpointLockError, checkpoint_dir_lock
 from tests.flows.test_pipeline_flow import FAST
 from tests.helpers import free_port
 

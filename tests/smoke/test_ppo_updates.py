@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.train import update
-from searchrl.train.grpo import TrainResult, train_grpo
+from searchrl.train.grpo import update
+from searchrl.train.grpo.trainer import TrainResult, train_grpo
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
 pytestmark = pytest.mark.smoke

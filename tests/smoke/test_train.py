@@ -18,9 +18,9 @@ from searchrl.generation.base import SamplingParams
 from searchrl.generation.hf import HFGenerator
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
-from searchrl.train.checkpoint import CheckpointError
-from searchrl.train.errors import TrainingError
-from searchrl.train.grpo import train_grpo
+from searchrl.train.grpo.checkpoint import CheckpointError
+from searchrl.train.grpo.errors import TrainingError
+from searchrl.train.grpo.trainer import train_grpo
 from searchrl.types import QAExample
 from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
@@ -239,8 +239,8 @@ def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> No
     from searchrl.models.tiny import load_policy
     from searchrl.retrieval.bm25 import BM25Index
     from searchrl.retrieval.index_store import LocalSearcher
-    from searchrl.train.cold_start import SFT_KEY_FILE, cold_start
-    from searchrl.train.grpo import train_policy_run
+    from searchrl.train.cold_start.build import SFT_KEY_FILE, cold_start
+    from searchrl.train.grpo.trainer import train_policy_run
 
     cfg = _config(tmp_path, steps=1, checkpoint_every=0, eval_every=1, eval_questions=3)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={
@@ -284,8 +284,8 @@ def test_trainer_logprobs_use_the_sampling_temperature(init_dir: Path) -> None:
     """The sampler draws from softmax(logits / T); the trainer's log-probs must match it."""
     from searchrl.generation.hf import HFGenerator
     from searchrl.models.tiny import load_policy
+    from searchrl.train.grpo.update import no_grad_logprobs
     from searchrl.train.tensors import pack_records
-    from searchrl.train.update import no_grad_logprobs
 
     model, tok = load_policy(init_dir)
     prompt = list(tok("Who founded it?", add_special_tokens=False)["input_ids"])
@@ -308,7 +308,7 @@ def test_deepspeed_init_compiles_no_shared_memory_op() -> None:
     build cost ~30 s in every fresh environment before the first training step."""
     from deepspeed.comm import comm as ds_comm
 
-    from searchrl.train.ds import init_distributed
+    from searchrl.train.distributed.deepspeed_setup import init_distributed
 
     init_distributed("cpu")
     assert ds_comm.cdb is not None and ds_comm.cdb.shm_comm_op is None

@@ -13,8 +13,8 @@ from searchrl.data.synthetic import generate_world
 from searchrl.data.world import write_world
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
-from searchrl.train.cold_start import SFT_KEY_FILE
-from searchrl.train.grpo import train_policy_run
+from searchrl.train.cold_start.build import SFT_KEY_FILE
+from searchrl.train.grpo.trainer import train_policy_run
 from tests.train_fixture import build_init_policy, tiny_config
 
 pytestmark = pytest.mark.smoke

@@ -113,11 +113,11 @@ def test_the_generator_rule_sees_a_direct_construction(tmp_path: Path) -> None:
 # --- the package import graph
 
 
-def _package_graph(root: Path) -> dict[str, set[str]]:
-    """Package-level imports under `root` (the `searchrl` package directory): node = a
-    subpackage or a top-level module; an edge where any module of one imports (anywhere in its
-    body, lazily included) a module of the other."""
-    package = root.name
+def _package_graph(root: Path, package: str | None = None) -> dict[str, set[str]]:
+    """Package-level imports under `root` (the `searchrl` package directory, or one of its
+    packages, dotted `package`): node = a subpackage or a top-level module; an edge where any
+    module of one imports (anywhere in its body, lazily included) a module of the other."""
+    prefix = (package or root.name).split(".")
     graph: dict[str, set[str]] = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
@@ -133,8 +133,9 @@ def _package_graph(root: Path) -> dict[str, set[str]]:
                 names = [node.module]
             for name in names:
                 dotted = name.split(".")
-                if dotted[0] == package and len(dotted) > 1 and dotted[1] != source:
-                    targets.add(dotted[1])
+                n = len(prefix)
+                if dotted[:n] == prefix and len(dotted) > n and dotted[n] != source:
+                    targets.add(dotted[n])
     return graph
 
 
@@ -211,11 +212,24 @@ def _module_graph(package_dir: Path) -> dict[str, set[str]]:
 def test_no_import_circle_inside_train() -> None:
     # The trainer's state, its update and its checkpoint selection each read without the others
     # (issue 34): state.py holds the records, update.py and selection.py read only it.
-    graph = _module_graph(SRC / "train")
+    graph = _module_graph(SRC / "train" / "grpo")
     assert _cycles(graph) == []
     assert "state" in graph["update"] and "state" in graph["selection"]
-    assert not graph["update"] & {"selection", "grpo"}
-    assert not graph["selection"] & {"update", "grpo"}
+    assert not graph["update"] & {"selection", "trainer"}
+    assert not graph["selection"] & {"update", "trainer"}
+
+
+def test_train_is_grouped_by_concern_one_way() -> None:
+    # train/ (issue 45): the stage and its start on top; GRPO over the cold start it starts
+    # from; the ranks' plumbing (DeepSpeed, its launcher) and the shared seeds and tensors at
+    # the bottom, importing none of the others.
+    graph = _package_graph(SRC / "train", "searchrl.train")
+    assert _cycles(graph) == []
+    assert {"cold_start", "grpo", "distributed", "rejection_sampling", "stage", "start",
+            "seeds", "tensors"} == set(graph)
+    assert "cold_start" in graph["grpo"] and "distributed" in graph["grpo"]
+    assert graph["cold_start"] <= {"seeds", "tensors"}
+    assert graph["distributed"] == graph["seeds"] == graph["tensors"] == set()
 
 
 def test_every_file_with_slow_tests_runs_in_ci() -> None:
@@ -237,7 +251,7 @@ def test_every_file_with_slow_tests_runs_in_ci() -> None:
 
 def test_the_train_stage_reads_top_down() -> None:
     # The config's trip from the train stage (tests/call_walk.py): it goes back up a layer
-    # at most 12 times, never re-enters stages.py, and enters cold_start.py at most twice
+    # at most 12 times, never re-enters stages.py, and enters cold_start/build.py at most twice
     # (the start prepared once; PPO-ptx's demonstration helpers).
     from searchrl import stages
     from searchrl.config import load_config
@@ -245,13 +259,14 @@ def test_the_train_stage_reads_top_down() -> None:
 
     events = walk(stages.train_policy, load_config(SRC.parents[1] / "configs" / "tiny.yaml"))
     reached = {f"{e.module}:{e.function}" for e in events}
-    assert {"searchrl.train.start:prepare_start", "searchrl.train.grpo:train_policy_run",
-            "searchrl.train.cold_start:cold_start", "searchrl.train.launch:launch_ranks",
-            "searchrl.train.rejection:build_rejection_sampling"} <= reached  # a real walk
+    assert {"searchrl.train.start:prepare_start", "searchrl.train.grpo.trainer:train_policy_run",
+            "searchrl.train.cold_start.build:cold_start",
+            "searchrl.train.distributed.launcher:launch_ranks",
+            "searchrl.train.rejection_sampling:build_rejection_sampling"} <= reached  # a real walk
     walked = figures(events)
     assert walked.climbs <= 12
     assert "searchrl.stages" not in walked.visits
-    assert walked.visits["searchrl.train.cold_start"] <= 2
+    assert walked.visits["searchrl.train.cold_start.build"] <= 2
 
 
 def test_references_sit_below_every_stage() -> None:

@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 from searchrl.config import TinyModelConfig, load_config
 from searchrl.data.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
-from searchrl.train.cold_start import bm25_searcher, demo_kwargs, extra_world_seeds
-from searchrl.train.demos import world_demos
-from searchrl.train.sft import save_policy
+from searchrl.train.cold_start.build import bm25_searcher, demo_kwargs, extra_world_seeds
+from searchrl.train.cold_start.demos import world_demos
+from searchrl.train.cold_start.sft import save_policy
 from tests.conftest import REPO_ROOT
 from tests.train_fixture import TINY, tiny_config
 

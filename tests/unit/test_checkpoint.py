@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from searchrl.train.checkpoint import (
+from searchrl.train.grpo.checkpoint import (
     CheckpointError,
     CheckpointLockError,
     capture_rng,
@@ -133,7 +133,7 @@ def test_mismatched_model_is_an_error(tmp_path: Path) -> None:
 # --- one trainer per checkpoint dir
 
 _HOLD = ("import sys, time; from pathlib import Path; "
-         "from searchrl.train.checkpoint import checkpoint_dir_lock\n"
+         "from searchrl.train.grpo.checkpoint import checkpoint_dir_lock\n"
          "with checkpoint_dir_lock(Path(sys.argv[1])):\n"
          "    print('held', flush=True); time.sleep(600)")
 

@@ -127,7 +127,7 @@ def test_every_class_in_the_table_exists_and_a_bug_keeps_its_traceback(
     import searchrl.retrieval.service
     import searchrl.stages
     import searchrl.tracking
-    import searchrl.train.grpo  # noqa: F401  (the trainer, DeepSpeed setup, launcher)
+    import searchrl.train.grpo.trainer  # noqa: F401  (the trainer, DeepSpeed setup, launcher)
 
     classes = {c.__name__: c for c in _searchrl_exceptions()}
     named = [name for entry in EXIT_CODES for name in entry.errors]

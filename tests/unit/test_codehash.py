@@ -67,10 +67,11 @@ def test_the_cold_start_fingerprint_reaches_demo_sft_and_model_code() -> None:
     """The cold start is reused by key: its code part must move when the demo builder, its
     BM25 searcher, SFT or the model code changes, all outside cold_start's own module."""
     from searchrl.codehash import _function_roots
-    from searchrl.train.cold_start import cold_start
+    from searchrl.train.cold_start.build import cold_start
 
     sources, roots = _function_roots(cold_start, "searchrl")
-    assert {"searchrl.train.demos", "searchrl.train.sft", "searchrl.models.tiny",
+    assert {"searchrl.train.cold_start.demos", "searchrl.train.cold_start.sft",
+            "searchrl.models.tiny",
             "searchrl.retrieval.bm25", "searchrl.retrieval.index_store",
             "searchrl.train.seeds"} <= import_closure(roots).keys()
     # Its helpers in cold_start.py are hashed by their source.

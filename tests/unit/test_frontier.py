@@ -36,7 +36,7 @@ from searchrl.generation.openai_compat import (
     stop_hit,
 )
 from searchrl.rl.prompts import STOP_STRINGS
-from searchrl.train.sft import save_policy
+from searchrl.train.cold_start.sft import save_policy
 from searchrl.types import QAExample, SearchHit
 from tests.helpers import free_port, serving
 from tests.tagged_policy import WORDS, demo_tokenizer, searching_model

@@ -301,7 +301,7 @@ def test_a_shared_prompt_template_is_prefilled_once(tok, random_model) -> None: 
 def test_the_factory_loads_a_saved_policy_in_the_configured_dtype(  # type: ignore[no-untyped-def]
         tok, random_model, tmp_path) -> None:
     from searchrl.generation.factory import make_generator
-    from searchrl.train.sft import save_policy
+    from searchrl.train.cold_start.sft import save_policy
 
     save_policy(random_model, tok, tmp_path / "policy")
     config = PipelineConfig().model_copy(update={"model": PipelineConfig().model.model_copy(

@@ -12,8 +12,8 @@ import pytest
 
 from searchrl.config import PipelineConfig, load_config
 from searchrl.exit_codes import exit_code_of
-from searchrl.train.hostfile import HostfileError, check_hostfile, read_hostfile
-from searchrl.train.launch import ENV_FILE, write_launch_env
+from searchrl.train.distributed.hostfile import HostfileError, check_hostfile, read_hostfile
+from searchrl.train.distributed.launcher import ENV_FILE, write_launch_env
 
 
 def _config(tmp_path: Path, hosts: str | None, nodes: int = 2) -> PipelineConfig:

@@ -28,10 +28,10 @@ from searchrl.retrieval.dense import resolve_encoder_path
 from searchrl.rl.prompts import build_prompt
 from searchrl.rl.rollout import run_rollouts
 from searchrl.tracking import download_registered_policy, register_policy, start_parent_run
-from searchrl.train.cold_start import demo_kwargs
-from searchrl.train.demos import build_demos
-from searchrl.train.grpo import train_grpo
-from searchrl.train.sft import save_policy, tokenize_demo
+from searchrl.train.cold_start.build import demo_kwargs
+from searchrl.train.cold_start.demos import build_demos
+from searchrl.train.cold_start.sft import save_policy, tokenize_demo
+from searchrl.train.grpo.trainer import train_grpo
 from searchrl.types import Passage, SearchHit
 from tests.helpers import fresh_mlflow_uri
 from tests.train_fixture import fake_rollouts, tiny_config, train_examples

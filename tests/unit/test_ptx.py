@@ -1,4 +1,4 @@
-"""PPO-ptx replay (train/ptx.py): which demonstrations, which rows each optimizer step and rank
+"""PPO-ptx replay (train/grpo/ptx.py): which demonstrations, which rows each optimizer step and rank
 trains on, and a loss whose rank shares average to the single-process loss."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchrl.data.synthetic import generate_world
 from searchrl.rl.prompts import ANSWER_OPEN
-from searchrl.train.cold_start import extra_world_seeds
-from searchrl.train.ptx import build_replay, ptx_loss, step_rows
+from searchrl.train.cold_start.build import extra_world_seeds
+from searchrl.train.grpo.ptx import build_replay, ptx_loss, step_rows
 from tests.train_fixture import build_init_policy, tiny_config
 
 PTX = {"ptx_coef": 0.5, "ptx_worlds": 2, "ptx_demos": 12, "ptx_rows": 5}

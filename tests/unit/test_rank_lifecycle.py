@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import load_config
-from searchrl.train.launch import (
+from searchrl.train.distributed.launcher import (
     SECRETS_ENV,
     STAGE_ENV,
     LaunchError,
@@ -44,9 +44,10 @@ from searchrl.train.launch import (
 # two guarded ranks; each rank writes its pid once guarded, then sleeps.
 STAGE = textwrap.dedent("""
     import os, subprocess, sys, time
-    from searchrl.train import launch
+    from searchrl.train.distributed import launcher as launch
     env = os.environ | {launch.STAGE_ENV: launch._stage_identity()}
-    rank = ("from searchrl.train.launch import guard_rank_process; import os, sys, time; "
+    rank = ("from searchrl.train.distributed.launcher import guard_rank_process; "
+            "import os, sys, time; "
             "guard_rank_process(); open(sys.argv[1], 'w').write(str(os.getpid())); "
             "time.sleep(600)")
     launcher = ("import subprocess, sys; "
@@ -120,7 +121,7 @@ def test_a_rank_dies_with_its_parent(tmp_path: Path) -> None:
 
 
 def test_a_rank_started_by_hand_is_not_guarded(tmp_path: Path) -> None:
-    code = ("from searchrl.train.launch import guard_rank_process; import threading; "
+    code = ("from searchrl.train.distributed.launcher import guard_rank_process; import threading; "
             "guard_rank_process(); print(threading.active_count())")
     env = {k: v for k, v in os.environ.items() if k != STAGE_ENV}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

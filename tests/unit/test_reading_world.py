@@ -19,7 +19,7 @@ from searchrl.data.reading_world import (
 from searchrl.data.synthetic import generate_world
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
-from searchrl.train.demos import build_demos
+from searchrl.train.cold_start.demos import build_demos
 
 CFG = SyntheticWorldConfig(seed=5, n_people=160, n_cities=20, n_countries=6,
                            n_organisations=40, n_train=300, n_dev=150, n_test=250)

@@ -1,4 +1,4 @@
-"""Rejection sampling (train/rejection.py): which samples are kept, the loss mask of the
+"""Rejection sampling (train/rejection_sampling.py): which samples are kept, the loss mask of the
 fine-tune, the reuse of the curriculum estimate's samples, the cache, and the evaluated
 system (eval/baselines.py)."""
 
@@ -19,9 +19,10 @@ from searchrl.generation.factory import load_policy_on_device
 from searchrl.models.tiny import load_policy
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch
-from searchrl.train import rejection
-from searchrl.train.cold_start import SFT_KEY_FILE
-from searchrl.train.rejection import (
+from searchrl.train import rejection_sampling as rejection
+from searchrl.train.cold_start.build import SFT_KEY_FILE
+from searchrl.train.cold_start.sft import TokenizedDemo, collate_demos, masked_nll
+from searchrl.train.rejection_sampling import (
     RS_KEY_FILE,
     build_rejection_sampling,
     read_estimate_samples,
@@ -30,7 +31,6 @@ from searchrl.train.rejection import (
     usable,
     write_estimate_samples,
 )
-from searchrl.train.sft import TokenizedDemo, collate_demos, masked_nll
 from searchrl.types import QAExample
 from tests.train_fixture import build_init_policy, tiny_config
 
@@ -234,7 +234,7 @@ def test_real_rollouts_of_a_searching_policy_round_trip_and_mask_their_passages(
     every inserted `<information>` token masked out."""
     from searchrl.generation.factory import make_generator
     from searchrl.rl.rollout import run_rollouts
-    from searchrl.train.sft import save_policy
+    from searchrl.train.cold_start.sft import save_policy
     from searchrl.types import SearchHit
     from tests.tagged_policy import WORDS, demo_tokenizer, searching_model
 

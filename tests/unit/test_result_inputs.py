@@ -21,7 +21,7 @@ from searchrl.config import (
 )
 from searchrl.data.io import records_fingerprint
 from searchrl.stages import STAGES
-from searchrl.train.checkpoint import run_identity
+from searchrl.train.grpo.checkpoint import run_identity
 from searchrl.types import Passage, QAExample
 
 SEARCHING = {"build_index", "filter_curriculum", "train_policy", "evaluate_policy",

@@ -31,7 +31,7 @@ from searchrl.tracking import (
     registered_policy,
     rollback,
 )
-from searchrl.train.checkpoint import FORMAT_VERSION
+from searchrl.train.grpo.checkpoint import FORMAT_VERSION
 
 # ~25 s: a real MLflow sqlite store (creating it, five weeks, `mlflow gc`) is slow here.
 pytestmark = pytest.mark.slow

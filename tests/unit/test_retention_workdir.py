@@ -21,7 +21,7 @@ from searchrl.config.pipeline import PipelineConfig
 from searchrl.data.io import content_sha256
 from searchrl.paths import StagePaths
 from searchrl.retention import plan_prune, prune, prune_after_run
-from searchrl.train.checkpoint import FORMAT_VERSION
+from searchrl.train.grpo.checkpoint import FORMAT_VERSION
 
 
 def _config(tmp: Path, *extra: str) -> PipelineConfig:

@@ -16,7 +16,7 @@ from searchrl.data.synthetic import generate_world
 from searchrl.eval.scripted import ScriptedSystem, default_encoder
 from searchrl.retrieval.dense import Encoder
 from searchrl.rl.rewards import exact_match
-from searchrl.train.cold_start import bm25_searcher
+from searchrl.train.cold_start.build import bm25_searcher
 from searchrl.types import QAExample
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"

@@ -14,8 +14,14 @@ from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.actions import Answer, Search, parse_action
-from searchrl.train.demos import Demo, DemoError, build_demos, corpus_documents, world_demos
-from searchrl.train.sft import (
+from searchrl.train.cold_start.demos import (
+    Demo,
+    DemoError,
+    build_demos,
+    corpus_documents,
+    world_demos,
+)
+from searchrl.train.cold_start.sft import (
     batch_loss_backward,
     collate_demos,
     context_targets,

@@ -13,7 +13,7 @@ from searchrl.config import PipelineConfig
 from searchrl.refs import StageInputError
 from searchrl.sinks import NullSink
 from searchrl.train import start as start_module
-from searchrl.train.cold_start import SFT_KEY_FILE
+from searchrl.train.cold_start.build import SFT_KEY_FILE
 from searchrl.train.start import StartPolicy, prepare_start, read_start
 from searchrl.types import CurriculumRef, DatasetRef
 from tests.train_fixture import tiny_config

@@ -24,8 +24,8 @@ from searchrl.retrieval.embedding import EmbeddingCache, text_hashes
 from searchrl.retrieval.index_store import IndexStoreError, build_index, load_searcher
 from searchrl.sinks import NullSink
 from searchrl.stages import StageInputError, read_ref
-from searchrl.train import checkpoint
-from searchrl.train.checkpoint import (
+from searchrl.train.grpo import checkpoint
+from searchrl.train.grpo.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     prepare_checkpoint_dir,
@@ -189,7 +189,7 @@ def test_the_run_identity_covers_the_training_code_and_result_packages(
 
     def identity() -> str:  # the trainer passes its own code (train_grpo -> setup_trainer)
         from searchrl.codehash import code_fingerprint
-        from searchrl.train.grpo import train_policy_run
+        from searchrl.train.grpo.trainer import train_policy_run
 
         return run_identity(config, questions, tmp_path / "init", 1,
                             init_key_file=tmp_path / "key",
@@ -206,11 +206,11 @@ def test_the_run_identity_covers_the_training_code_and_result_packages(
     monkeypatch.setattr("searchrl.codehash.package_versions", upgraded)
     assert identity() != base
     monkeypatch.undo()
-    # An edit to the trainer's code (train/update.py, reached from train_policy_run).
+    # An edit to the trainer's code (train/grpo/update.py, reached from train_policy_run).
     real_sha = __import__("searchrl.codehash", fromlist=["known_sha256"]).known_sha256
 
     def edited(path: Path) -> str:
-        return "edited" if path.name == "update.py" and path.parent.name == "train" \
+        return "edited" if path.name == "update.py" and path.parent.name == "grpo" \
             else real_sha(path)
 
     monkeypatch.setattr("searchrl.codehash.known_sha256", edited)
@@ -222,7 +222,7 @@ def test_an_edited_module_the_trainer_reaches_starts_training_afresh(
     # End to end through the trainer, which computes its own code fingerprint: a trainer
     # that passed a constant would resume the old checkpoint after the edit.
     from searchrl import codehash
-    from searchrl.train.grpo import train_grpo
+    from searchrl.train.grpo.trainer import train_grpo
     from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, train_examples
 
     init = build_init_policy(tmp_path / "init")
@@ -235,15 +235,15 @@ def test_an_edited_module_the_trainer_reaches_starts_training_afresh(
 
     assert train(stop_after=2) == 0  # interrupted after step 2 (its checkpoint kept)
     assert train(stop_after=1) == 2  # the same code resumes it (the control), to step 3
-    # Upgrade: train/update.py (the PPO update the trainer calls) is edited on disk.
+    # Upgrade: train/grpo/update.py (the PPO update the trainer calls) is edited on disk.
     edited = tmp_path / "searchrl_upgraded" / "update.py"
     edited.parent.mkdir()
-    real_update = codehash.module_file("searchrl.train.update")
+    real_update = codehash.module_file("searchrl.train.grpo.update")
     assert real_update is not None
     edited.write_text(real_update.read_text() + "\n# the upgrade's change\n")
     real_module_file = codehash.module_file
     monkeypatch.setattr(codehash, "module_file", lambda name: edited
-                        if name == "searchrl.train.update" else real_module_file(name))
+                        if name == "searchrl.train.grpo.update" else real_module_file(name))
     assert train() == 0  # from step 0: last run's step-3 checkpoint is not resumed
     aside = list(out.glob("checkpoints.superseded-*"))
     assert len(aside) == 1 and (aside[0] / "step_000003").is_dir()  # kept as evidence

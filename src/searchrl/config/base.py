@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 # without a marker takes its section's `SHAPES`, a nested section's fields take that
 # section's `SHAPES` or else the marker of the field holding it. `OPERATIONAL` (ports,
 # timeouts, rate limits, logging, threads) changes no result. Stage cache keys
-# (tasks/_common.py), checkpoint run identity (train/checkpoint.py), the cold-start key and
+# (tasks/_common.py), checkpoint run identity (train/grpo/checkpoint.py), the cold-start key and
 # the index components' keys (retrieval/index_store.py) are all `PipelineConfig.inputs_of`
 # one of these results, plus the content fingerprints of their data inputs.
 

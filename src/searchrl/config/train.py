@@ -40,9 +40,9 @@ class SFTConfig(Section):
     # (docs/results/question_types.md), so compare a change over seeds, not one run.
     micro_batch_size: int | None = Field(None, ge=1)
     imperfect_fraction: float = Field(0.2, ge=0.0, le=1.0)
-    # Relative weights of the imperfect kinds (train/demos.py): `skipped_search` stops the
-    # chain early and answers the entity reached, `wrong_hop` searches it all and answers an
-    # earlier hop's entity.
+    # Relative weights of the imperfect kinds (train/cold_start/demos.py): `skipped_search`
+    # stops the chain early and answers the entity reached, `wrong_hop` searches it all and
+    # answers an earlier hop's entity.
     imperfect_kinds: dict[ImperfectKind, float] = Field(
         default_factory=lambda: dict.fromkeys(IMPERFECT_KINDS, 1.0))
     # Demos from the train split (0: only extra worlds, so no name RL trains on was an SFT
@@ -169,7 +169,7 @@ class TrainConfig(Section):
     # recipe), `champion` the registry's champion policy (eval.registry_model_name @
     # eval.champion_alias; its version enters the stage's key). Fails when none is registered.
     init: Literal["base", "champion"] = "base"
-    # PPO-ptx (train/ptx.py): each optimizer step adds `ptx_coef` x the SFT loss on
+    # PPO-ptx (train/grpo/ptx.py): each optimizer step adds `ptx_coef` x the SFT loss on
     # `ptx_rows` gold demonstrations of `ptx_worlds` synthetic worlds the cold start never saw
     # (`ptx_demos` in all, cycled), so RL keeps the copying the cold start taught. 0: off.
     ptx_coef: float = Field(0.0, ge=0.0)

@@ -5,7 +5,7 @@ Artifacts (all under `out_dir`, manifests last so nothing partial looks complete
 `train_curriculum.jsonl` (kept questions in training order), `difficulty.parquet` (one row per
 question with the policy and data fingerprints it came from), `dropped.jsonl` (each dropped
 question with its reason), `difficulty_hist.png`. The estimate's rollouts are returned too:
-the stage keeps their correct ones for rejection sampling (`train/rejection.py`).
+the stage keeps their correct ones for rejection sampling (`train/rejection_sampling.py`).
 """
 
 from __future__ import annotations

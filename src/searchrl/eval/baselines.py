@@ -11,7 +11,7 @@ All systems run the same rollout loop on the same eval questions and retriever:
                    with the same tokenizer; pretrained: `model.name_or_path`), agentic loop
     champion       the policy the model registry's champion alias points at, agentic loop
     rejection_sampling  the SFT policy fine-tuned on its own correct, well-formed samples of
-                   the train questions (train/rejection.py, Search-R1's RFT), agentic loop
+                   the train questions (train/rejection_sampling.py, Search-R1's RFT), agentic loop
     scripted       no policy: the fixed program of eval/scripted.py (question templates from
                    the train split, regular expressions, retriever calls; no learning)
     frontier       the frontier model behind an OpenAI-compatible endpoint (`eval.frontier`),

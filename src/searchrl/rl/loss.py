@@ -15,7 +15,7 @@ the paper's eq. 3 is `seq_mean_token_mean`: mean over tokens within a sequence, 
 sequences). Both accept an explicit denominator so micro-batches sum to the full-batch mean.
 
 `old_logp` is the policy that sampled the rollouts, as the trainer's engine computes it
-before its first optimizer step on them (`train/update.py`: the first mini-batch's from its
+before its first optimizer step on them (`train/grpo/update.py`: the first mini-batch's from its
 own gradient pass, detached; the others' from a no-grad pass): the ratio is 1 on the first
 mini-batch and departs from it as later mini-batches and epochs update the policy; the clip
 then bounds how far.

@@ -33,11 +33,11 @@ from searchrl.refs import begin, check_inputs, files_of, finish, read_ref
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.provider import SearcherProvider, searchers_for
 from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train.checkpoint import checkpoint_dir_lock
-from searchrl.train.grpo import train_policy_run
-from searchrl.train.launch import env_rank, launch_ranks
-from searchrl.train.rejection import RS_DIR, build_rejection_sampling
-from searchrl.train.selection import choose_policy
+from searchrl.train.distributed.launcher import env_rank, launch_ranks
+from searchrl.train.grpo.checkpoint import checkpoint_dir_lock
+from searchrl.train.grpo.selection import choose_policy
+from searchrl.train.grpo.trainer import train_policy_run
+from searchrl.train.rejection_sampling import RS_DIR, build_rejection_sampling
 from searchrl.train.start import StartPolicy, prepare_start, read_start
 from searchrl.types import CheckpointRef, CurriculumRef, DatasetRef, IndexRef, SearchHit
 
@@ -49,7 +49,7 @@ def train_policy(config: PipelineConfig, dataset: DatasetRef, index: IndexRef,
                  searchers: SearcherProvider | None = None) -> CheckpointRef:
     """GRPO on the curriculum-ordered set (the validated train split without one), from the
     start policy prepared here; `train.launch.mode=inprocess` trains in this process as the
-    one rank, `deepspeed` through DeepSpeed's launcher (`train/launch.py`)."""
+    one rank, `deepspeed` through DeepSpeed's launcher (`train/distributed/launcher.py`)."""
     started = time.perf_counter()
     out_dir = StagePaths(config.run.work_dir).train_dir
     inputs = (dataset, index, curriculum)

@@ -1,6 +1,6 @@
 """The policy GRPO starts from, prepared once by the train stage before any rank runs.
 
-`train.init=base`: the cold start (`cold_start.py`, reused as is when the curriculum stage
+`train.init=base`: the cold start (`cold_start/build.py`, reused as is when the curriculum stage
 made it with the same key). `train.init=champion`: the registry's champion, downloaded into
 the stage dir; the cold start is then made only for the rejection-sampling comparator, which
 fine-tunes it (and is reused from the curriculum stage when there is one).
@@ -23,7 +23,7 @@ from searchrl.data.io import atomic_write_text, read_passages, read_qa
 from searchrl.refs import StageInputError
 from searchrl.retrieval.base import Searcher
 from searchrl.sinks import MetricsSink
-from searchrl.train.cold_start import SFT_KEY_FILE, cold_start, cold_start_seconds
+from searchrl.train.cold_start.build import SFT_KEY_FILE, cold_start, cold_start_seconds
 from searchrl.types import CurriculumRef, DatasetRef
 
 SFT_DIR = "sft"  # under the stage dir: the cold start (the curriculum stage's, or made here)
@@ -122,7 +122,7 @@ def fetch_champion_start(config: PipelineConfig, out_dir: Path, tracking_uri: st
             "(a GO of the gate stage), or set train.init=base")
     got = download_policy_version(uri, name, found, out_dir / CHAMPION_START)
     version = found["version"]
-    # The start's identity for resuming checkpoints (train/checkpoint.py run_identity).
+    # The start's identity for resuming checkpoints (train/grpo/checkpoint.py run_identity).
     atomic_write_text(got / SFT_KEY_FILE, json.dumps({"champion": name, "version": version}))
     atomic_write_text(pointer, json.dumps({"dir": str(got), "model": name, "version": version}))
     return got

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from searchrl.config import PipelineConfig
-from searchrl.train.cold_start import bm25_searcher, demo_kwargs, extra_world_seeds
-from searchrl.train.demos import world_demos
-from searchrl.train.sft import TokenizedDemo, collate_demos, masked_nll, tokenize_demo
+from searchrl.train.cold_start.build import bm25_searcher, demo_kwargs, extra_world_seeds
+from searchrl.train.cold_start.demos import world_demos
+from searchrl.train.cold_start.sft import TokenizedDemo, collate_demos, masked_nll, tokenize_demo
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.config import SFTConfig
 from searchrl.data.io import publish_dir
-from searchrl.train.demos import Demo
+from searchrl.train.cold_start.demos import Demo
 from searchrl.train.tensors import token_logprobs
 
 

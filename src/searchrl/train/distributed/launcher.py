@@ -53,8 +53,8 @@ import yaml
 
 from searchrl.config import PipelineConfig
 from searchrl.data.io import log_tail
-from searchrl.train.ds import free_port
-from searchrl.train.hostfile import check_hostfile
+from searchrl.train.distributed.deepspeed_setup import free_port
+from searchrl.train.distributed.hostfile import check_hostfile
 
 # The stage process the ranks live for: "<host>:<pid>:<start time>:<process group>".
 STAGE_ENV = "SEARCHRL_STAGE_PROCESS"

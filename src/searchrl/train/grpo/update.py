@@ -1,6 +1,6 @@
 """The policy update of one GRPO step: old log-probs of the sampling policy, then
 `ppo_epochs` x `ppo_mini_batches` optimizer steps through the DeepSpeed engine. What is
-computed and why (old log-probs, ratio, clip, KL, aggregation) is listed in `grpo.py`.
+computed and why (old log-probs, ratio, clip, KL, aggregation) is listed in `trainer.py`.
 
 Several ranks: each mini-batch's loss is normalised by that mini-batch's token count over all
 ranks, so the averaged gradient is the single-process one. Every rank runs the same number of
@@ -13,7 +13,7 @@ stopping at a non-finite loss.
       _minibatch_order      each epoch's mini-batch order (seeded shuffle, the same on all ranks)
       _sampling_logprobs    no-grad old and reference log-probs, the sampling policy's metrics
       _ppo_steps            per mini-batch: a gradient pass per micro-batch (the last one adds
-                            the PPO-ptx loss, `train/ptx.py`), one optimizer step
+                            the PPO-ptx loss, `train/grpo/ptx.py`), one optimizer step
 
 Also used by the loop: `sync_weights` (the new weights into a generator that keeps its own
 copy), `timed` (the step's time breakdown).
@@ -34,10 +34,10 @@ from searchrl.config import TrainConfig
 from searchrl.generation.base import Generator
 from searchrl.rl.loss import LossOutput, aggregate_denominator, grpo_loss
 from searchrl.rl.records import RolloutRecord
-from searchrl.train.ds import all_reduce, full_parameters
-from searchrl.train.ptx import ptx_loss
+from searchrl.train.distributed.deepspeed_setup import all_reduce, full_parameters
+from searchrl.train.grpo.ptx import ptx_loss
+from searchrl.train.grpo.state import TrainerState
 from searchrl.train.seeds import rollout_seed
-from searchrl.train.state import TrainerState
 from searchrl.train.tensors import PackedBatch, pack_records, token_entropy, token_logprobs
 
 Rows = tuple[int, int]  # [start, stop) rows of the packed batch

@@ -55,7 +55,7 @@ from searchrl.data.io import (
     records_fingerprint,
 )
 from searchrl.locks import held, lock_path  # noqa: F401  (lock_path: re-exported)
-from searchrl.train.ds import barrier, rank, world_size
+from searchrl.train.distributed.deepspeed_setup import barrier, rank, world_size
 from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)

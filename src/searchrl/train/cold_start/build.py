@@ -31,9 +31,14 @@ from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.prompts import ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, build_prompt, format_passages
 from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train.demos import SearcherFactory, build_demos, corpus_documents, world_demos
+from searchrl.train.cold_start.demos import (
+    SearcherFactory,
+    build_demos,
+    corpus_documents,
+    world_demos,
+)
+from searchrl.train.cold_start.sft import run_sft, save_policy
 from searchrl.train.seeds import seed_everything
-from searchrl.train.sft import run_sft, save_policy
 from searchrl.types import Passage, QAExample, SearchHit
 
 SFT_KEY_FILE = "searchrl_sft.json"

@@ -1,4 +1,4 @@
-"""The trainer's error, in its own module so the loop (`grpo.py`) and the modules it calls
+"""The trainer's error, in its own module so the loop (`trainer.py`) and the modules it calls
 (`selection.py`) can all raise it without importing each other."""
 
 

@@ -1,4 +1,4 @@
-"""The GRPO trainer's records: what the loop in `grpo.py` works on (`TrainerState`), the best
+"""The GRPO trainer's records: what the loop in `trainer.py` works on (`TrainerState`), the best
 dev evaluation it keeps (`Best`), and what a run returns (`TrainResult`).
 
 Records only, no behaviour beyond their own fields: the trainer is built and resumed in
@@ -23,7 +23,7 @@ from searchrl.generation.base import Generator
 from searchrl.retrieval.base import Searcher
 from searchrl.rl.rollout import RolloutBatch
 from searchrl.sinks import MetricsSink
-from searchrl.train.ptx import PtxReplay
+from searchrl.train.grpo.ptx import PtxReplay
 
 RolloutFn = Callable[..., RolloutBatch]
 GeneratorFactory = Callable[..., Generator]

@@ -1,6 +1,6 @@
 """How the GRPO trainer is built and resumed (`setup_trainer`): seeds, policy, KL reference,
 DeepSpeed engine, generator, sampler, the PPO-ptx replay, and this run's newest verified
-checkpoint with the best dev evaluation it recorded. The loop (`grpo.py`) starts from the
+checkpoint with the best dev evaluation it recorded. The loop (`trainer.py`) starts from the
 `TrainerState` (`state.py`) this returns.
 """
 
@@ -19,14 +19,15 @@ from searchrl.curriculum.difficulty import RefillingSampler
 from searchrl.generation.factory import load_policy_on_device, resolve_device
 from searchrl.retrieval.base import Searcher
 from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train import ds, selection
-from searchrl.train.checkpoint import load_checkpoint, prepare_checkpoint_dir, run_identity
-from searchrl.train.cold_start import SFT_KEY_FILE
-from searchrl.train.errors import TrainingError
-from searchrl.train.ptx import build_replay
+from searchrl.train.cold_start.build import SFT_KEY_FILE
+from searchrl.train.distributed import deepspeed_setup as ds
+from searchrl.train.grpo import selection
+from searchrl.train.grpo.checkpoint import load_checkpoint, prepare_checkpoint_dir, run_identity
+from searchrl.train.grpo.errors import TrainingError
+from searchrl.train.grpo.ptx import build_replay
+from searchrl.train.grpo.state import Best, GeneratorFactory, RolloutFn, TrainerState
+from searchrl.train.grpo.update import sync_weights
 from searchrl.train.seeds import seed_everything
-from searchrl.train.state import Best, GeneratorFactory, RolloutFn, TrainerState
-from searchrl.train.update import sync_weights
 from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)

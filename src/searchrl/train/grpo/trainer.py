@@ -2,8 +2,8 @@
 evaluate -> log -> checkpoint)* -> save. The loop and its steps are here; what they work on
 and call lives beside it: `state.py` (the trainer's records: its state, best, result),
 `setup.py` (building and resuming that state), `update.py` (the PPO/GRPO update engine),
-`selection.py` (keep-best, early stopping, best or last), `seeds.py`, and
-`plots.plot_curve`. The policy it starts from is prepared before it runs (`start.py`).
+`selection.py` (keep-best, early stopping, best or last), `train/seeds.py`, and
+`plots.plot_curve`. The policy it starts from is prepared before it runs (`train/start.py`).
 
 Each step rolls out `questions_per_step` questions x `group_size` samples with the live
 policy, scores them, turns the rewards into group-relative advantages, and makes
@@ -50,7 +50,7 @@ The GRPO choices made here, against DeepSeekMath (Shao et al. 2024) eq. 3:
   reward does not check it; see `ptx.py`.
 
 Entry points: `train_policy_run` (a rank's GRPO from the start policy the train stage
-prepared, `stage.py`) and `train_grpo` (the loop, from a policy dir).
+prepared, `train/stage.py`) and `train_grpo` (the loop, from a policy dir).
 
 Over 400 lines because the loop and its steps read top down here; what they call lives beside it
 (above).
@@ -81,14 +81,15 @@ from searchrl.rl.advantages import advantage_stats, group_advantages
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch, rollout_metrics, run_rollouts
 from searchrl.sinks import MetricsSink
-from searchrl.train import ds, selection
-from searchrl.train.checkpoint import save_checkpoint
-from searchrl.train.errors import TrainingError
+from searchrl.train.cold_start.sft import save_policy
+from searchrl.train.distributed import deepspeed_setup as ds
+from searchrl.train.grpo import selection
+from searchrl.train.grpo.checkpoint import save_checkpoint
+from searchrl.train.grpo.errors import TrainingError
+from searchrl.train.grpo.setup import setup_trainer
+from searchrl.train.grpo.state import GeneratorFactory, RolloutFn, TrainerState, TrainResult
+from searchrl.train.grpo.update import ppo_update, sync_weights, timed
 from searchrl.train.seeds import rollout_seed
-from searchrl.train.setup import setup_trainer
-from searchrl.train.sft import save_policy
-from searchrl.train.state import GeneratorFactory, RolloutFn, TrainerState, TrainResult
-from searchrl.train.update import ppo_update, sync_weights, timed
 from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def train_policy_run(config: PipelineConfig, train_path: Path, corpus_path: Path
                      init_seconds: float = 0.0, dev_path: Path | None = None,
                      sink: MetricsSink | None = None, progress: bool = True) -> TrainResult:
     """GRPO on `train_path` (curriculum order) from the start policy in `init_dir`, which the
-    train stage prepared before any rank runs (`start.py`: the cold start, or the champion
+    train stage prepared before any rank runs (`train/start.py`: the cold start, or the champion
     under train.init=champion); `init_seconds` is its time charged to training (the cold
     start's, 0 for a champion). `dev_path` questions feed the greedy learning curve.
     """

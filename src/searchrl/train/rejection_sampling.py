@@ -45,9 +45,9 @@ from searchrl.retrieval.base import Searcher
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import run_rollouts
 from searchrl.sinks import MetricsSink, NullSink
-from searchrl.train.cold_start import SFT_KEY_FILE
+from searchrl.train.cold_start.build import SFT_KEY_FILE
+from searchrl.train.cold_start.sft import TokenizedDemo, run_sft, save_policy
 from searchrl.train.seeds import seed_everything
-from searchrl.train.sft import TokenizedDemo, run_sft, save_policy
 from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)

@@ -30,11 +30,11 @@ import numpy as np
 
 from searchrl.config import TrainConfig
 from searchrl.data.io import atomic_write_text, publish_dir
-from searchrl.train.checkpoint import STEP_PREFIX, CheckpointError, safe_load, state_file
-from searchrl.train.ds import all_reduce, barrier, full_parameters
-from searchrl.train.errors import TrainingError
-from searchrl.train.sft import save_policy
-from searchrl.train.state import Best, TrainerState, TrainResult
+from searchrl.train.cold_start.sft import save_policy
+from searchrl.train.distributed.deepspeed_setup import all_reduce, barrier, full_parameters
+from searchrl.train.grpo.checkpoint import STEP_PREFIX, CheckpointError, safe_load, state_file
+from searchrl.train.grpo.errors import TrainingError
+from searchrl.train.grpo.state import Best, TrainerState, TrainResult
 
 log = logging.getLogger(__name__)
 
