@@ -1,4 +1,4 @@
-"""Dense embedding through the engine (searchrl/engine.py): local (one process) beside Ray with
+"""Dense embedding through the engine (searchrl/ray_engine.py): local (one process) beside Ray with
 1 and 2 workers on this machine, in interleaved rounds, printed side by side with ratios; and
 Ray's fixed cost (start a private instance, start the workers, load the encoder).
 
@@ -45,7 +45,7 @@ def main() -> None:
     import ray
 
     from searchrl.config import EngineConfig, IndexConfig
-    from searchrl.engine import open_engine
+    from searchrl.ray_engine import open_engine
     from searchrl.retrieval.embedding import EmbeddingCache, embed_corpus
 
     config = IndexConfig(retriever="dense", encoder_device="cpu", encoder_batch_size=64,

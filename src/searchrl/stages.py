@@ -41,12 +41,12 @@ from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.stage import run_curriculum
 from searchrl.data.io import fingerprint, read_passages, read_qa
 from searchrl.data.sources import source_fingerprint
-from searchrl.engine import open_engine
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report
 from searchrl.models.prior import is_bundled_prior, prior_fingerprint
 from searchrl.paths import StagePaths
+from searchrl.ray_engine import open_engine
 from searchrl.refs import (
     REF_FILE,
     REF_FORMAT,

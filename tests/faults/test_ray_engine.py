@@ -24,8 +24,8 @@ psutil = pytest.importorskip("psutil")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from searchrl.config import EngineConfig  # noqa: E402
-from searchrl.engine import EngineError, RayEngine, open_engine  # noqa: E402
 from searchrl.eval.results import load_eval_result, read_question_results  # noqa: E402
+from searchrl.ray_engine import EngineError, RayEngine, open_engine  # noqa: E402
 from searchrl.retrieval.embedding import (  # noqa: E402
     EmbeddingCache,
     assemble,

@@ -25,9 +25,9 @@ pytest.importorskip("psutil")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from flows.pipeline import main, pipeline  # noqa: E402
-from searchrl.engine import RayEngine  # noqa: E402
 from searchrl.eval.results import EvalResult, load_eval_result  # noqa: E402
 from searchrl.paths import StagePaths  # noqa: E402
+from searchrl.ray_engine import RayEngine  # noqa: E402
 from searchrl.tracking import child_runs  # noqa: E402
 from tests.faults.test_ray_engine import _comparable, _ray_processes  # noqa: E402
 from tests.flows.test_pipeline_flow import FAST, STAGES  # noqa: E402

@@ -1,4 +1,4 @@
-"""The engine setting (searchrl.engine): local by default and in no cache key; a Ray cluster
+"""The engine setting (searchrl.ray_engine): local by default and in no cache key; a Ray cluster
 that cannot be reached fails at once naming its address (exit 7); a worker keeps one object
 per slot. The Ray cluster itself is exercised in tests/faults/test_ray_engine.py (slow)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import RESULTS, ConfigError, EngineConfig, PipelineConfig, load_config
-from searchrl.engine import EngineError, WorkerState, open_engine
 from searchrl.exit_codes import exit_code_of
+from searchrl.ray_engine import EngineError, WorkerState, open_engine
 
 
 def test_local_is_the_default_and_runs_in_process() -> None:

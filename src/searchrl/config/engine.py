@@ -1,4 +1,4 @@
-"""Where the data-parallel work of a stage runs (`searchrl.engine`): in the stage's own
+"""Where the data-parallel work of a stage runs (`searchrl.ray_engine`): in the stage's own
 process (`local`, the default) or on a Ray cluster (`ray`). Every field is operational:
 results never depend on the engine or on the number of workers, so none is in a cache key."""
 

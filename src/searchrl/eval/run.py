@@ -19,7 +19,7 @@ evaluation is complete):
 
 The result types and their readers are in `searchrl.eval.results`.
 
-With a Ray engine (`engine.kind: ray`, `searchrl.engine`) each system's questions are cut
+With a Ray engine (`engine.kind: ray`, `searchrl.ray_engine`) each system's questions are cut
 into the same `eval.batch_size` chunks as here and the chunks run on the engine's workers,
 each holding one policy and one searcher (loaded from the corpus index every node sees), so
 every question gets the rollout it gets locally (tests/faults/test_ray_engine.py). Systems
@@ -45,7 +45,6 @@ from tqdm import tqdm
 from searchrl.config import PipelineConfig
 from searchrl.data.io import atomic_write_text, manifest_path, read_qa, write_jsonl
 from searchrl.data.sources import extra_eval_split
-from searchrl.engine import RayEngine, WorkerState
 from searchrl.eval.audit import (
     audit_rollouts,
     final_turn_confidence,
@@ -92,6 +91,7 @@ from searchrl.generation.openai_compat import (
     TokenUsage,
 )
 from searchrl.paths import safe_filename
+from searchrl.ray_engine import RayEngine, WorkerState
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.index_store import MAIN_CORPUS, load_corpus_searcher, resolve_corpus
 from searchrl.retrieval.provider import SearcherProvider

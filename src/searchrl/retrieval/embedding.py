@@ -19,7 +19,7 @@ moves by <= 1e-7 with its batch's other members (padding), never more.
 
 Local devices: `index.encoder_workers` processes (torch.multiprocessing, spawn), one per GPU by
 default, each loading the encoder once and writing its shards itself. Several nodes
-(`engine.kind: ray`): the same shards on the Ray engine's workers (`searchrl.engine`), each
+(`engine.kind: ray`): the same shards on the Ray engine's workers (`searchrl.ray_engine`), each
 loading the encoder once and writing to the cache directory every node sees; a shard is a
 pure function of (cache identity, its texts), so the vectors are the local ones bit for bit
 and a shard whose worker died runs again elsewhere (tests/faults/test_ray_engine.py).
@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from searchrl.config import IndexConfig
 from searchrl.data.io import atomic_write_text, atomic_writer
-from searchrl.engine import RayEngine, WorkerState
+from searchrl.ray_engine import RayEngine, WorkerState
 from searchrl.retrieval.dense import Encoder, encoder_device, encoder_dtype, encoder_hash, prefixes
 
 CACHE_FORMAT = 1

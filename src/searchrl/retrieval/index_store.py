@@ -59,7 +59,7 @@ from searchrl.data.io import (
     read_passages,
     read_qa,
 )
-from searchrl.engine import RayEngine
+from searchrl.ray_engine import RayEngine
 from searchrl.retrieval.base import Searcher
 from searchrl.retrieval.bm25 import BM25Index, Ranking
 from searchrl.retrieval.dense import (
