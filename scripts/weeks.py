@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """N weeks of the weekly loop on CPU, end to end, and the figures that show them
-(searchrl/weekly/: the world's changes and retention; flows/weekly/: one week through the
+(searchrl/simulation/: the world's changes and the figures; flows/weekly/: one week through the
 real flow).
 
 --weeks 2 without --fault is the two-week run of docs/results/two_weeks.md: prefect.yaml's
@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:  # flows/ and tasks/, as flows/pipeline.py does
 
 from flows.weekly import simulate  # noqa: E402
 from searchrl.exit_codes import exit_on_sigterm  # noqa: E402
+from searchrl.simulation import report  # noqa: E402
 from searchrl.train.distributed.deepspeed_setup import free_port  # noqa: E402
-from searchrl.weekly import report  # noqa: E402
 
 
 def _fault(text: str) -> tuple[int, str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.weekly import week as wk
-from searchrl.weekly import world as wd
+from searchrl.simulation import world as wd
 
 FAULTS = ("retriever_down", "malformed_gold", "killed_mid_training", "no_change")
 # Failures a fault week must end in: exit codes of flows/pipeline.py (searchrl.exit_codes).

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.retention import disk_bytes
-from searchrl.weekly.world import read_rows
+from searchrl.simulation.world import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/tiny.yaml"

@@ -1,4 +1,4 @@
-"""The weekly loop end to end (scripts/weeks.py, searchrl/weekly/).
+"""The weekly loop end to end (scripts/weeks.py, searchrl/simulation/).
 
 Two weeks of the local deployment (`--weeks 2`) on a real Prefect server, a process worker and
 a real MLflow sqlite store: a steward's correction and new data between the weeks re-run

@@ -1,4 +1,4 @@
-"""What a simulated week changes in the world (searchrl/weekly/world.py), on a small world
+"""What a simulated week changes in the world (searchrl/simulation/world.py), on a small world
 written as files: held-back rows arrive, the corpus changes by edits, additions and removals
 of passages no question cites, the steward never decides a row twice, and a corrupted gold
 file is restored as it was; and the week table and figure are drawn from week records."""
@@ -14,8 +14,8 @@ from searchrl.config import load_config
 from searchrl.data.io import read_manifest
 from searchrl.data.synthetic import generate_world
 from searchrl.data.world import write_world
-from searchrl.weekly import report
-from searchrl.weekly import world as wd
+from searchrl.simulation import report
+from searchrl.simulation import world as wd
 
 
 @pytest.fixture
