@@ -22,7 +22,7 @@ from typing import Any
 
 from searchrl.config import PipelineConfig, load_config
 from searchrl.contracts.validate import validate_gold_labels
-from searchrl.curriculum.stage import run_curriculum
+from searchrl.curriculum.run import run_curriculum
 from searchrl.data.io import read_passages, read_qa
 from searchrl.data.tuning import default_tuning_seed, require_tuning_world
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher

@@ -38,7 +38,7 @@ from searchrl.config import PipelineConfig
 from searchrl.contracts.drift import history_dir, keep_digest
 from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.contracts.validate import validate_gold_labels as run_validation
-from searchrl.curriculum.stage import run_curriculum
+from searchrl.curriculum.run import run_curriculum
 from searchrl.data.io import fingerprint, read_passages, read_qa
 from searchrl.data.sources import source_fingerprint
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.curriculum.difficulty import QuestionDifficulty, filter_by_difficulty
-from searchrl.curriculum.stage import write_artifacts
+from searchrl.curriculum.run import write_artifacts
 from searchrl.data.io import fingerprint
 from searchrl.types import QAExample
 from tests.conftest import REPO_ROOT
