@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig, load_config
-from searchrl.contracts.validate import validate_gold_labels
 from searchrl.curriculum.run import run_curriculum
 from searchrl.data.io import read_passages, read_qa
 from searchrl.data.tuning import default_tuning_seed, require_tuning_world
@@ -30,6 +29,7 @@ from searchrl.sinks import NullSink
 from searchrl.tracking import end_run, start_child_run, start_parent_run
 from searchrl.train.cold_start.build import cold_start
 from searchrl.train.grpo.trainer import train_grpo
+from searchrl.validation.validate import validate_gold_labels
 
 
 def _rollouts_per_step(history: list[dict[str, Any]], config: PipelineConfig) -> list[int]:

@@ -19,7 +19,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from searchrl.config import ValidateConfig
-from searchrl.contracts.frames import corpus_frame
+from searchrl.validation.frames import corpus_frame
 
 NAME = "corpus"
 

@@ -15,7 +15,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from searchrl.config import ValidateConfig
-from searchrl.contracts.suites import load_suite
+from searchrl.validation.suites import load_suite
 
 NAME = "eval_set"
 _gold = load_suite(Path(__file__).resolve().parent, "gold_qa")

@@ -20,7 +20,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from searchrl.config import ValidateConfig
-from searchrl.contracts.frames import OK, qa_frame
+from searchrl.validation.frames import OK, qa_frame
 
 NAME = "gold_qa"
 HOPS_REQUIRED = False

@@ -10,9 +10,9 @@ from prefect import task
 
 from searchrl import stages
 from searchrl.config import PipelineConfig
-from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.tracking import stage_run
 from searchrl.types import DatasetRef
+from searchrl.validation.validate import QuarantineThresholdError
 from tasks._common import TASK_DEFAULTS, stage_cache_policy
 from tasks.events import announce_drift, quarantine_over_threshold
 

@@ -233,7 +233,7 @@ def _prune(config: PipelineConfig, args: argparse.Namespace) -> int:
 
 def _apply_audit(config: PipelineConfig, args: argparse.Namespace) -> int:
     """Merge decided audit rows into the overrides file; exit 1 when some conflict."""
-    from searchrl.contracts.overrides import merge_audit_decisions
+    from searchrl.validation.overrides import merge_audit_decisions
 
     target = config.validate_.overrides_path
     if args.decisions is None or not args.decisions.is_file():

@@ -16,7 +16,7 @@ are declared per field in `searchrl.config` (`config.inputs_of(stage)`); the cac
 
 Over 400 lines because the stage functions share one contract (the stage dir's lock, `ref.json`
 removed first and written last, the files a reference vouches for, the inputs in `STAGES`) and
-are read against it side by side; each stage's work lives in its own package (contracts/,
+are read against it side by side; each stage's work lives in its own package (validation/,
 retrieval/, curriculum/, train/, eval/, gate/), only its wiring is here.
 """
 
@@ -35,9 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts.drift import history_dir, keep_digest
-from searchrl.contracts.validate import QuarantineThresholdError
-from searchrl.contracts.validate import validate_gold_labels as run_validation
 from searchrl.curriculum.run import run_curriculum
 from searchrl.data.io import fingerprint, read_passages, read_qa
 from searchrl.data.sources import source_fingerprint
@@ -76,6 +73,9 @@ from searchrl.types import (
     EvalRef,
     IndexRef,
 )
+from searchrl.validation.drift import history_dir, keep_digest
+from searchrl.validation.validate import QuarantineThresholdError
+from searchrl.validation.validate import validate_gold_labels as run_validation
 
 # What the task layer, the CLI and the flows read from here (the stages' wiring): the
 # references' helpers live in searchrl/refs.py, the train stage in searchrl/train/stage.py.

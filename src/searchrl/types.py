@@ -100,7 +100,7 @@ class DatasetRef(_StageOutput):
     extra_corpora: dict[str, str] = field(default_factory=dict)
     extra_evals: dict[str, str] = field(default_factory=dict)
     report_path: str | None = None
-    # The validated set's digest (searchrl.contracts.drift); on GO the gate keeps it as the
+    # The validated set's digest (searchrl.validation.drift); on GO the gate keeps it as the
     # champion's, the reference the next validation's drift is measured against.
     digest_dir: str | None = None
 

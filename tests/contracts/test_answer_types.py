@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import read_qa
+from searchrl.validation.validate import validate_gold_labels
 from tests.contracts.test_bad_lines import _world
 
 

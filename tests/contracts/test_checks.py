@@ -9,8 +9,10 @@ import typing
 import pytest
 
 from searchrl.config import GoldCheck
-from searchrl.contracts.answerability import find_answers
-from searchrl.contracts.checks import (
+from searchrl.text import normalize_answer
+from searchrl.types import Passage, QAExample
+from searchrl.validation.answerability import find_answers
+from searchrl.validation.checks import (
     CHECK_DESCRIPTIONS,
     CheckedRow,
     answer_variant_flags,
@@ -20,8 +22,6 @@ from searchrl.contracts.checks import (
     question_group_flags,
     time_sensitive_flags,
 )
-from searchrl.text import normalize_answer
-from searchrl.types import Passage, QAExample
 
 
 def row(split: str, n: int, question: str, answers: list[str],

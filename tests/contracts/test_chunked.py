@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from searchrl.config import PipelineConfig, ValidateConfig
-from searchrl.contracts import answerability, corpus
-from searchrl.contracts.answerability import find_answers, find_answers_exhaustive
-from searchrl.contracts.suites import ContractError, SuiteRunner, rows_values
-from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import DataError, passage_line, read_raw_qa_rows, write_jsonl
 from searchrl.data.sources import materialise_sources
 from searchrl.text import normalize_answer
 from searchrl.types import Passage
+from searchrl.validation import answerability, corpus
+from searchrl.validation.answerability import find_answers, find_answers_exhaustive
+from searchrl.validation.suites import ContractError, SuiteRunner, rows_values
+from searchrl.validation.validate import validate_gold_labels
 from tests.contracts.conftest import DEFECTS, ROOT, make_defects_config
 
 WIKI = ROOT / "data" / "wiki2_corpus6k" / "corpus.jsonl"

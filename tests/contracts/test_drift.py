@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts.drift import history_dir, keep_digest
-from searchrl.contracts.validate import validate_gold_labels
+from searchrl.validation.drift import history_dir, keep_digest
+from searchrl.validation.validate import validate_gold_labels
 from tests.contracts.conftest import DEFECTS, ROOT
 
 

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from searchrl.config import ValidateConfig
-from searchrl.contracts.suites import ContractError, SuiteRunner, load_suite
 from searchrl.data.io import read_raw_qa_rows
+from searchrl.validation.suites import ContractError, SuiteRunner, load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "contracts"

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts.overrides import OverridesError, load_overrides
-from searchrl.contracts.suites import ContractError
-from searchrl.contracts.validate import (
+from searchrl.data.io import read_manifest, read_qa
+from searchrl.validation.overrides import OverridesError, load_overrides
+from searchrl.validation.suites import ContractError
+from searchrl.validation.validate import (
     QuarantineThresholdError,
     ValidationResult,
     validate_gold_labels,
 )
-from searchrl.data.io import read_manifest, read_qa
 from tests.contracts.conftest import make_defects_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,7 +194,7 @@ def test_default_synthetic_world_is_clean(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_bench_runs_and_finds_planted_defects(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from searchrl.contracts.bench import main
+    from searchrl.validation.bench import main
 
     assert main(["--rows", "400", "--passages", "2000", "--out", str(tmp_path),
                  "--contracts-dir", str(ROOT / "data_contracts")]) == 0

@@ -22,9 +22,9 @@ from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.notify import GOLD_SET_UPDATED, post_event
 from searchrl.types import Decision, EvalRef
+from searchrl.validation.validate import QuarantineThresholdError
 from tasks.events import (
     announce_new_suspects,
     artifact_key,

@@ -29,8 +29,8 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.automations import AUTOMATIONS_FILE, ROOT, load_automations, main
 from searchrl.config import PipelineConfig
-from searchrl.contracts.validate import QuarantineThresholdError
 from searchrl.types import Decision
+from searchrl.validation.validate import QuarantineThresholdError
 from tasks.events import REPORTS_URL_ENV, publish_decision
 from tasks.validate import validate_gold_labels
 from tests.contracts.conftest import DEFECTS, make_defects_config

@@ -29,7 +29,6 @@ import pytest
 import yaml
 
 from searchrl.__main__ import main
-from searchrl.contracts.overrides import load_overrides
 from searchrl.data.io import read_qa
 from searchrl.eval.audit import GOLD_LIKELY_WRONG, pool_suspects
 from searchrl.eval.label_studio import write_label_studio
@@ -41,6 +40,7 @@ from searchrl.eval.label_studio_api import (
 from searchrl.eval.label_studio_api import (
     main as ls_main,
 )
+from searchrl.validation.overrides import load_overrides
 from tests.conftest import REPO_ROOT
 from tests.contracts.conftest import DEFECTS
 from tests.helpers import stop_process_group

@@ -15,8 +15,6 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.config import SyntheticWorldConfig
-from searchrl.contracts.overrides import OverridesError, load_overrides, merge_audit_decisions
-from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import read_qa
 from searchrl.data.synthetic import generate_world
 from searchrl.data.world import World
@@ -32,6 +30,8 @@ from searchrl.eval.audit import (
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rewards import exact_match
 from searchrl.types import QAExample
+from searchrl.validation.overrides import OverridesError, load_overrides, merge_audit_decisions
+from searchrl.validation.validate import validate_gold_labels
 from tests.contracts.conftest import make_defects_config
 
 # --- the fixture: a world, wrong golds planted, deterministic rollouts

@@ -123,11 +123,6 @@ def test_leakage_over_the_threshold_exits_6_with_the_message_alone(tmp_path: Pat
 
 def test_every_class_in_the_table_exists_and_a_bug_keeps_its_traceback(
         capsys: pytest.CaptureFixture[str]) -> None:
-    import searchrl.contracts.validate
-    import searchrl.retrieval.service
-    import searchrl.stages
-    import searchrl.tracking
-    import searchrl.train.grpo.trainer  # noqa: F401  (the trainer, DeepSpeed setup, launcher)
 
     classes = {c.__name__: c for c in _searchrl_exceptions()}
     named = [name for entry in EXIT_CODES for name in entry.errors]

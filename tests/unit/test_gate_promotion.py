@@ -18,7 +18,6 @@ from safetensors.torch import load_file, save_file
 
 from searchrl.__main__ import main
 from searchrl.config import PipelineConfig
-from searchrl.contracts.drift import history_dir
 from searchrl.data.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.results import RESULTS_FILE
@@ -37,6 +36,7 @@ from searchrl.tracking import (
 )
 from searchrl.train.start import fetch_champion_start
 from searchrl.types import CheckpointRef, DatasetRef, EvalRef
+from searchrl.validation.drift import history_dir
 from tests.helpers import fresh_mlflow_uri, save_tiny_policy
 from tests.unit.test_gate_report import _eval
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from searchrl.__main__ import main
-from searchrl.contracts.overrides import OverridesError, load_overrides, merge_audit_decisions
 from searchrl.eval.audit import GOLD_LIKELY_WRONG, POLICY_ERROR, pool_suspects
 from searchrl.eval.label_studio import CONFIG_FILE, LABEL_CONFIG, to_tasks, write_label_studio
+from searchrl.validation.overrides import OverridesError, load_overrides, merge_audit_decisions
 
 NOW = datetime(2025, 1, 31, 12, 0, tzinfo=UTC)
 

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts import overrides as overrides_module
-from searchrl.contracts.overrides import load_overrides, merge_audit_decisions
 from searchrl.exit_codes import exit_code_of
 from searchrl.locks import BusyError
 from searchrl.paths import StagePaths
@@ -28,6 +26,8 @@ from searchrl.stages import (
     filter_curriculum,
     validate_gold_labels,
 )
+from searchrl.validation import overrides as overrides_module
+from searchrl.validation.overrides import load_overrides, merge_audit_decisions
 
 # Holds `argv[1]`'s lock for argv[3] seconds (default: until killed), then with argv[2]
 # merges those decisions, still holding it: a steward's apply-audit that is slow to finish.
@@ -35,7 +35,7 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from searchrl.locks import held
-from searchrl.contracts.overrides import merge_audit_decisions
+from searchrl.validation.overrides import merge_audit_decisions
 target = Path(sys.argv[1])
 with held(target, busy="a test holder"):
     print("held", flush=True)

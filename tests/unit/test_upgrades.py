@@ -15,8 +15,6 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.config import IndexConfig, PipelineConfig, load_config
-from searchrl.contracts import drift as drift_module
-from searchrl.contracts.drift import GoldDigest, compare, reference_digest
 from searchrl.eval.results import EvalResultsError, load_eval_result
 from searchrl.exit_codes import exit_code_of
 from searchrl.retrieval import embedding, index_store
@@ -33,6 +31,8 @@ from searchrl.train.grpo.checkpoint import (
     verify_checkpoint,
 )
 from searchrl.types import DatasetRef, Passage, QAExample
+from searchrl.validation import drift as drift_module
+from searchrl.validation.drift import GoldDigest, compare, reference_digest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
 BM25_ONLY = IndexConfig(retriever="bm25", eval_all_retrievers=False)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.contracts.overrides import OverridesError, load_overrides, merge_audit_decisions
-from searchrl.contracts.validate import validate_gold_labels
 from searchrl.eval.validation_queue import QUEUE_FILE, validation_suspects, write_validation_queue
+from searchrl.validation.overrides import OverridesError, load_overrides, merge_audit_decisions
+from searchrl.validation.validate import validate_gold_labels
 from tests.contracts.conftest import make_defects_config
 
 

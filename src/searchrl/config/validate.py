@@ -25,7 +25,7 @@ class ValidateConfig(Section):
     max_quarantine_fraction: float = Field(0.2, ge=0.0, le=1.0)
     # A QA set or corpus whose added + removed + changed rows pass this share of the reference
     # gold set's (the champion's, else the last validated one) is a warning in the audit
-    # report and the `drift_warnings` metric (searchrl.contracts.drift); it never fails a run.
+    # report and the `drift_warnings` metric (searchrl.validation.drift); it never fails a run.
     drift_warn_fraction: float = Field(0.1, ge=0.0)
     # Steward decisions (accept / correct a flagged row); None -> no overrides.
     overrides_path: Path | None = Path("data_contracts/overrides.yaml")

@@ -27,7 +27,7 @@ shown: the passage snippet holding the answer (and the gold, when a passage hold
 
 These go to the data steward, not to the metrics: the audit never changes a score. Each row has
 a stable `key` (split/id) and an empty `decision`; `python -m searchrl apply-audit` turns the
-decisions a steward fills in into steward overrides (`searchrl.contracts.overrides`).
+decisions a steward fills in into steward overrides (`searchrl.validation.overrides`).
 """
 
 from __future__ import annotations

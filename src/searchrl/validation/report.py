@@ -14,11 +14,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.contracts.checks import CHECK_DESCRIPTIONS, Flag
-from searchrl.contracts.drift import DRIFT_HEADER, MIX_HEADER, DriftReport, drift_rows, mix_rows
-from searchrl.contracts.overrides import AppliedOverride, Override
-from searchrl.contracts.suites import SuiteResult
 from searchrl.tables import Cell, html_table, markdown_table
+from searchrl.validation.checks import CHECK_DESCRIPTIONS, Flag
+from searchrl.validation.drift import DRIFT_HEADER, MIX_HEADER, DriftReport, drift_rows, mix_rows
+from searchrl.validation.overrides import AppliedOverride, Override
+from searchrl.validation.suites import SuiteResult
 
 
 @dataclass

@@ -10,11 +10,11 @@ Order of work (each step's output feeds the next; nothing downstream sees an unc
 2. QA splits: steward corrections applied, then the `gold_qa` (train) or `eval_set` (dev, test,
    extra eval) suite + row schema: failures are per-row `contract`/`duplicate_id`/`schema` flags;
    rows keep their source file and row number (the line, for JSONL);
-3. corpora, streamed once each (`searchrl.contracts.corpus`: memory flat in corpus size): copied
+3. corpora, streamed once each (`searchrl.validation.corpus`: memory flat in corpus size): copied
    into `source/`, the `corpus` GX suite + row schema chunk by chunk (ids unique over the whole
    file; on `engine.local_workers` processes for a large corpus), and the answer scan for
    step 4 on the way; a broken passage stops the stage;
-4. checks beyond the schema (`searchrl.contracts.checks`) on every row that parses as a
+4. checks beyond the schema (`searchrl.validation.checks`) on every row that parses as a
    `QAExample`, contract failures included (they are quarantined anyway, but their leakage and
    answer variants are still reported); train rows without usable gold still get the leakage
    checks;
@@ -41,39 +41,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from searchrl.config import PipelineConfig, ValidateConfig
-from searchrl.contracts.answerability import AnswerScan
-from searchrl.contracts.checks import (
-    CheckedRow,
-    CorpusFacts,
-    Flag,
-    answer_variant_flags,
-    answerability_flags_from,
-    answers_to_find,
-    leakage_flags,
-    near_duplicate_leakage_flags,
-    question_group_flags,
-    supporting_ids,
-    time_sensitive_flags,
-)
-from searchrl.contracts.corpus import check_corpora, chunk_workers
-from searchrl.contracts.drift import (
-    DIGEST_DIR,
-    DriftReport,
-    GoldDigest,
-    compare,
-    history_dir,
-    keep_digest,
-    reference_digest,
-)
-from searchrl.contracts.overrides import AppliedOverride, Override, load_overrides
-from searchrl.contracts.report import (
-    Audit,
-    RowOutcome,
-    check_row_counts,
-    render_html,
-    render_markdown,
-)
-from searchrl.contracts.suites import SuiteResult, SuiteRunner
 from searchrl.data.io import (
     BadRow,
     atomic_write_text,
@@ -89,6 +56,39 @@ from searchrl.data.sources import (
 )
 from searchrl.paths import safe_filename
 from searchrl.types import QAExample
+from searchrl.validation.answerability import AnswerScan
+from searchrl.validation.checks import (
+    CheckedRow,
+    CorpusFacts,
+    Flag,
+    answer_variant_flags,
+    answerability_flags_from,
+    answers_to_find,
+    leakage_flags,
+    near_duplicate_leakage_flags,
+    question_group_flags,
+    supporting_ids,
+    time_sensitive_flags,
+)
+from searchrl.validation.corpus import check_corpora, chunk_workers
+from searchrl.validation.drift import (
+    DIGEST_DIR,
+    DriftReport,
+    GoldDigest,
+    compare,
+    history_dir,
+    keep_digest,
+    reference_digest,
+)
+from searchrl.validation.overrides import AppliedOverride, Override, load_overrides
+from searchrl.validation.report import (
+    Audit,
+    RowOutcome,
+    check_row_counts,
+    render_html,
+    render_markdown,
+)
+from searchrl.validation.suites import SuiteResult, SuiteRunner
 
 # A row failing these cannot be used as it stands; a steward corrects the source instead. They
 # quarantine whatever `validate.quarantine_checks` lists: such a row is never clean.

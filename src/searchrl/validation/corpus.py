@@ -39,9 +39,6 @@ from typing import IO, Any, NamedTuple, cast
 from pydantic import ValidationError
 
 from searchrl.config import EngineConfig, ValidateConfig
-from searchrl.contracts.checks import CorpusFacts
-from searchrl.contracts.drift import CorpusDigest, GoldDigest
-from searchrl.contracts.suites import ChunkedRun, ContractError, SuiteResult, SuiteRunner, Verdict
 from searchrl.data.io import (
     DataError,
     atomic_writer,
@@ -53,6 +50,9 @@ from searchrl.data.io import (
 )
 from searchrl.data.sources import SourcePaths
 from searchrl.types import Passage
+from searchrl.validation.checks import CorpusFacts
+from searchrl.validation.drift import CorpusDigest, GoldDigest
+from searchrl.validation.suites import ChunkedRun, ContractError, SuiteResult, SuiteRunner, Verdict
 
 # Passages held at once: the GX suite's fixed cost per run (~0.15 s) against the chunk's
 # memory (~3 KB a passage with its frame and the suite's working copies).

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from searchrl.contracts.answerability import AnswerScan, passage_text, snippet
 from searchrl.text import is_subspan, normalize_answer
 from searchrl.types import Passage, QAExample
+from searchrl.validation.answerability import AnswerScan, passage_text, snippet
 
 TRAIN_SPLIT = "train"
 
@@ -285,7 +285,7 @@ def supporting_ids(rows: Iterable[CheckedRow]) -> set[str]:
 @dataclass
 class CorpusFacts:
     """What the answerability checks need from the corpora, gathered in one pass over them
-    (`searchrl.contracts.corpus` streams a wiki-scale corpus through `add`): each answer's
+    (`searchrl.validation.corpus` streams a wiki-scale corpus through `add`): each answer's
     first hit, the passages of the hits and the supporting passages (first by id), and how
     many passages were searched."""
 

@@ -1,7 +1,7 @@
 """Benchmark gold-label validation on synthetic rows: wall time per 10,000 QA rows.
 
-    python -m searchrl.contracts.bench --rows 10000 --passages 100000 --out /tmp/bench
-    python -m searchrl.contracts.bench --rows 100000 --bad-lines 1   # + a truncated train line
+    python -m searchrl.validation.bench --rows 10000 --passages 100000 --out /tmp/bench
+    python -m searchrl.validation.bench --rows 100000 --bad-lines 1   # + a truncated train line
 
 Writes a random corpus (word-salad passages, each QA answer planted in one of them, a few
 answers planted nowhere) and QA files (train 80%, test 20%, a few leaked and near-duplicate
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.contracts.answerability import find_answers
-from searchrl.contracts.suites import SuiteRunner
-from searchrl.contracts.validate import validate_gold_labels
 from searchrl.data.io import read_passages, read_raw_qa_rows_lenient, write_jsonl
 from searchrl.text import normalize_answer
+from searchrl.validation.answerability import find_answers
+from searchrl.validation.suites import SuiteRunner
+from searchrl.validation.validate import validate_gold_labels
 
 
 def _word(rng: random.Random) -> str:
@@ -79,7 +79,7 @@ def truncate_lines(path: Path, n_bad: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m searchrl.contracts.bench")
+    parser = argparse.ArgumentParser(prog="python -m searchrl.validation.bench")
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
