@@ -22,8 +22,8 @@ from typing import Any
 
 from searchrl.config import PipelineConfig, load_config
 from searchrl.curriculum.run import run_curriculum
-from searchrl.data.io import read_passages, read_qa
-from searchrl.data.tuning import default_tuning_seed, require_tuning_world
+from searchrl.datasets.io import read_passages, read_qa
+from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
 from searchrl.retrieval.index_store import MAIN_CORPUS, build_indexes, load_searcher
 from searchrl.sinks import NullSink
 from searchrl.tracking import end_run, start_child_run, start_parent_run

@@ -28,8 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 from searchrl.config import load_config
-from searchrl.data.synthetic import generate_world
-from searchrl.data.tuning import require_tuning_world
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.tuning import require_tuning_world
 from searchrl.generation.base import SamplingParams
 from searchrl.generation.hf import HFGenerator
 from searchrl.models.prior import BUNDLED_PRIOR

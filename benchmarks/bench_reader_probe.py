@@ -58,8 +58,8 @@ import torch
 from transformers import PreTrainedModel
 
 from searchrl.config import PipelineConfig, SFTConfig, load_config
-from searchrl.data.synthetic import generate_world
-from searchrl.data.tuning import default_tuning_seed, require_tuning_world
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
 from searchrl.generation.base import Generator
 from searchrl.generation.factory import make_generator, resolve_device
 from searchrl.models.prior import BUNDLED_PRIOR

@@ -48,8 +48,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from searchrl.config import IndexConfig, SyntheticWorldConfig  # noqa: E402
-from searchrl.data.io import write_jsonl  # noqa: E402
-from searchrl.data.synthetic import generate_world  # noqa: E402
+from searchrl.datasets.io import write_jsonl  # noqa: E402
+from searchrl.datasets.synthetic import generate_world  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Index  # noqa: E402
 from searchrl.retrieval.client import RetrievalClient  # noqa: E402
 from searchrl.retrieval.dense import Encoder, build_faiss, faiss_params  # noqa: E402

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import load_config
-from searchrl.data.tuning import default_tuning_seed, require_tuning_world
+from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED, SFT = "trained", "sft"

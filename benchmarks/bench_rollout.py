@@ -46,7 +46,7 @@ from searchrl.config import (
     SyntheticWorldConfig,
     TinyModelConfig,
 )
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.generation.base import Generator
 from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
 from searchrl.models.tiny import build_tiny_model, train_tokenizer

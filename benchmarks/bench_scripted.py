@@ -23,8 +23,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from searchrl.config import load_config
-from searchrl.data.synthetic import generate_world
-from searchrl.data.tuning import require_tuning_world
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.tuning import require_tuning_world
 from searchrl.eval.metrics import bootstrap_mean_ci
 from searchrl.eval.scripted import ScriptedSystem, default_encoder
 from searchrl.eval.scripted_regex import RegexScriptedSystem

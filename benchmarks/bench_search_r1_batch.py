@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 
 from searchrl.config import load_config
-from searchrl.data.reading_world import generate_reading_world
-from searchrl.data.world import write_world
+from searchrl.datasets.reading_world import generate_reading_world
+from searchrl.datasets.world import write_world
 from searchrl.retrieval.index_store import build_index
 from searchrl.retrieval.service import serve_index
 from searchrl.sinks import NullSink

@@ -36,7 +36,7 @@ import numpy as np
 import psutil
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import read_qa
+from searchrl.datasets.io import read_qa
 from searchrl.retrieval.base import SearchError
 from searchrl.retrieval.client import RetrievalClient
 from searchrl.retrieval.index_store import build_index

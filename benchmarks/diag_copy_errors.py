@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from searchrl.data.io import read_qa
+from searchrl.datasets.io import read_qa
 from searchrl.rl.prompts import ANSWER_OPEN, build_prompt
 
 # Trajectory texts keep the inserted blocks verbatim (INFO_OPEN / INFO_CLOSE, newlines aside).

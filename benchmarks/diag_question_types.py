@@ -11,7 +11,7 @@ normalisation. Seconds on one core, no model, no training.
     .venv/bin/python benchmarks/diag_question_types.py [--config configs/tiny.yaml]
         [--rev a067391] [overrides...]
 
-`--rev` takes the world generator (src/searchrl/data/synthetic.py) from that git commit, to
+`--rev` takes the world generator (src/searchrl/datasets/synthetic.py) from that git commit, to
 reproduce a past world (a067391: before the issue-25 fix, "New <org>" distractors).
 """
 
@@ -44,12 +44,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _generator(rev: str | None) -> Callable[[SyntheticWorldConfig], Any]:
     if rev is None:
-        from searchrl.data.synthetic import generate_world
+        from searchrl.datasets.synthetic import generate_world
         current: Callable[[SyntheticWorldConfig], Any] = generate_world
         return current
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:src/searchrl/data/synthetic.py"],
-        check=True, capture_output=True, text=True).stdout
+    # searchrl/data/ is searchrl/datasets/ since issue 45: an older commit's file, and its
+    # imports, under the old name
+    for where in ("datasets", "data"):
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:src/searchrl/{where}/synthetic.py"],
+            capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
+    source = shown.stdout.replace("searchrl.data.", "searchrl.datasets.")
     path = Path(tempfile.mkdtemp()) / "synthetic_rev.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("synthetic_rev", path)

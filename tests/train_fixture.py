@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig, TinyModelConfig
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.generation.base import SamplingParams
 from searchrl.rl.records import RolloutRecord
 from searchrl.rl.rollout import RolloutBatch

@@ -209,8 +209,8 @@ def stage_keys(config: Any) -> dict[str, dict[str, str]]:
     """Each stage's key parts outside its input references, as the flow's cache key takes
     them (tasks/_common.py): its config fingerprint, code fingerprint, external inputs."""
     from searchrl.codehash import code_fingerprint
-    from searchrl.data.io import fingerprint
-    from searchrl.data.sources import source_fingerprint
+    from searchrl.datasets.io import fingerprint
+    from searchrl.datasets.sources import source_fingerprint
     from searchrl.stages import STAGES
 
     keys = {name: {"config": config.fingerprint_of(name), "code": code_fingerprint(s.run),

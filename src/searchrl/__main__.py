@@ -98,7 +98,7 @@ def _ref_sha(stage_dir: Path) -> str | None:
 
 
 def _record_config(config: PipelineConfig, stage_name: str, stage_dir: Path) -> None:
-    from searchrl.data.io import atomic_write_text
+    from searchrl.datasets.io import atomic_write_text
 
     atomic_write_text(stage_dir / CLI_CONFIG_FILE, json.dumps(
         {"ref_sha256": _ref_sha(stage_dir), "fingerprint": config.fingerprint_of(stage_name),
@@ -135,7 +135,7 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
     if command == "prepare-data":
-        from searchrl.data.prepare import load_spec, prepare_data
+        from searchrl.datasets.prepare import load_spec, prepare_data
 
         if args.spec is None or args.out is None:
             print("prepare-data needs --spec SPEC.yaml and --out DIR", file=sys.stderr)
@@ -160,8 +160,8 @@ def _run(command: str, config: PipelineConfig, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if command == "generate-world":
-        from searchrl.data.synthetic import generate_world
-        from searchrl.data.world import write_world
+        from searchrl.datasets.synthetic import generate_world
+        from searchrl.datasets.world import write_world
 
         written = write_world(generate_world(config.data.synthetic),
                               args.out or StagePaths(config.run.work_dir).source_dir)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.io import known_sha256
+from searchrl.datasets.io import known_sha256
 
 # Packages whose version can change a stage's numbers (models, kernels, tokenisers, indexes,
 # contracts); the rest (prefect, mlflow, tqdm, ...) only change how a result is reported.

@@ -15,7 +15,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from searchrl.data.io import atomic_write_bytes
+from searchrl.datasets.io import atomic_write_bytes
 
 # One colour per evaluated system in every plot of a report: the known systems pinned (so the
 # same system looks the same across reports too), any other name a spare colour in the order

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from searchrl.data.io import DataError, atomic_write_text, fingerprint, publish_dir
+from searchrl.datasets.io import DataError, atomic_write_text, fingerprint, publish_dir
 from searchrl.locks import held
 from searchrl.types import (
     CheckpointRef,

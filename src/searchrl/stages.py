@@ -36,8 +36,8 @@ from typing import Any
 
 from searchrl.config import PipelineConfig
 from searchrl.curriculum.run import run_curriculum
-from searchrl.data.io import fingerprint, read_passages, read_qa
-from searchrl.data.sources import source_fingerprint
+from searchrl.datasets.io import fingerprint, read_passages, read_qa
+from searchrl.datasets.sources import source_fingerprint
 from searchrl.eval.results import RESULTS_FILE, EvalResult, load_eval_result
 from searchrl.eval.run import SETS_DIR, evaluate_stage, policy_selection
 from searchrl.gate.report import count_rows, stage_costs, write_gate_report

@@ -30,7 +30,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from searchrl.data.io import publish_dir
+from searchrl.datasets.io import publish_dir
 from searchrl.sinks import MetricsSink, NullSink
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -282,7 +282,7 @@ def logged_policy_model(uri: str, run_id: str) -> str | None:
 def weights_digest(policy_dir: Path) -> str:
     """sha256 over the policy's weight files (names and contents): equal exactly when two
     policies hold the same weights, whatever else their directories hold."""
-    from searchrl.data.io import known_sha256
+    from searchrl.datasets.io import known_sha256
 
     files = sorted(p for p in Path(policy_dir).rglob("*")
                    if p.is_file() and p.suffix in {".safetensors", ".bin", ".pt"})

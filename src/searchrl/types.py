@@ -26,7 +26,7 @@ class QAExample(BaseModel):
     # The gold search queries, hop by hop (empty: the supporting passages' titles), for worlds
     # where a hop is searched by an alias or a namesake's disambiguated title.
     search_queries: tuple[str, ...] = ()
-    # Named slices the question belongs to (`searchrl.data.reading_world.SLICE_CARD` says what
+    # Named slices the question belongs to (`searchrl.datasets.reading_world.SLICE_CARD` says what
     # each tests): unseen_phrasing, answer_novel, alias, namesake, cross_passage, comparison.
     slices: tuple[str, ...] = ()
 
@@ -66,7 +66,7 @@ class SearchHit:
 # --- references passed between pipeline stages
 #
 # Every reference lists the files it stands for in `files` (path -> content fingerprint as
-# `searchrl.data.io.fingerprint` computes it when the stage finished), so a cached reference
+# `searchrl.datasets.io.fingerprint` computes it when the stage finished), so a cached reference
 # can be checked against the disk before it is reused (`searchrl.stages.ref_is_current`).
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import read_qa
+from searchrl.datasets.io import read_qa
 from searchrl.validation.validate import validate_gold_labels
 from tests.contracts.test_bad_lines import _world
 

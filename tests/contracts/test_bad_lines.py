@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import DataError, read_qa
+from searchrl.datasets.io import DataError, read_qa
 from searchrl.validation.validate import ValidationResult, validate_gold_labels
 from tests.contracts.conftest import ROOT
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from searchrl.config import PipelineConfig, ValidateConfig
-from searchrl.data.io import DataError, passage_line, read_raw_qa_rows, write_jsonl
-from searchrl.data.sources import materialise_sources
+from searchrl.datasets.io import DataError, passage_line, read_raw_qa_rows, write_jsonl
+from searchrl.datasets.sources import materialise_sources
 from searchrl.text import normalize_answer
 from searchrl.types import Passage
 from searchrl.validation import answerability, corpus

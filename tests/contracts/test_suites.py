@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from searchrl.config import ValidateConfig
-from searchrl.data.io import read_raw_qa_rows
+from searchrl.datasets.io import read_raw_qa_rows
 from searchrl.validation.suites import ContractError, SuiteRunner, load_suite
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import read_manifest, read_qa
+from searchrl.datasets.io import read_manifest, read_qa
 from searchrl.validation.overrides import OverridesError, load_overrides
 from searchrl.validation.suites import ContractError
 from searchrl.validation.validate import (

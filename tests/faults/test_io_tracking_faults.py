@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.data.io import manifest_path, read_manifest, write_jsonl
+from searchrl.datasets.io import manifest_path, read_manifest, write_jsonl
 from searchrl.paths import safe_filename
 from searchrl.tracking import TrackingError, check_tracking_store
 

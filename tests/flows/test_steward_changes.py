@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from flows.pipeline import pipeline
-from searchrl.data.io import read_qa
+from searchrl.datasets.io import read_qa
 from searchrl.tracking import child_runs
 from tests.flows.test_pipeline_flow import FAST
 

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from searchrl.__main__ import main
-from searchrl.data.io import read_qa
+from searchrl.datasets.io import read_qa
 from searchrl.eval.audit import GOLD_LIKELY_WRONG, pool_suspects
 from searchrl.eval.label_studio import write_label_studio
 from searchrl.eval.label_studio_api import (

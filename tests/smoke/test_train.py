@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from searchrl.config import PipelineConfig
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.generation.base import SamplingParams
 from searchrl.generation.hf import HFGenerator
 from searchrl.rl.records import RolloutRecord
@@ -235,7 +235,7 @@ def test_nonfinite_rewards_skip_then_abort(tmp_path: Path, init_dir: Path) -> No
 @pytest.mark.slow
 def test_end_to_end_with_real_rollouts_bm25_and_cold_start(tmp_path: Path) -> None:
     from searchrl.config import IndexConfig
-    from searchrl.data.world import write_world
+    from searchrl.datasets.world import write_world
     from searchrl.models.tiny import load_policy
     from searchrl.retrieval.bm25 import BM25Index
     from searchrl.retrieval.index_store import LocalSearcher

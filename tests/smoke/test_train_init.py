@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import IndexConfig
-from searchrl.data.synthetic import generate_world
-from searchrl.data.world import write_world
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.world import write_world
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.train.cold_start.build import SFT_KEY_FILE

@@ -15,9 +15,9 @@ import yaml
 
 from searchrl.__main__ import main
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.io import read_qa
-from searchrl.data.synthetic import generate_world
-from searchrl.data.world import World
+from searchrl.datasets.io import read_qa
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.world import World
 from searchrl.eval.audit import (
     GOLD_LIKELY_WRONG,
     GOLD_POSSIBLY_WRONG,

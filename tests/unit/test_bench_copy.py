@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from searchrl.config import TinyModelConfig, load_config
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.train.cold_start.build import bm25_searcher, demo_kwargs, extra_world_seeds
 from searchrl.train.cold_start.demos import world_demos

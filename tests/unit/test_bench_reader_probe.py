@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from searchrl.config import load_config
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.generation.base import GenerationOutput
 from searchrl.models.tiny import train_tokenizer
 from searchrl.rl.prompts import ANSWER_OPEN

@@ -10,7 +10,7 @@ import pytest
 
 from searchrl.curriculum.difficulty import QuestionDifficulty, filter_by_difficulty
 from searchrl.curriculum.run import write_artifacts
-from searchrl.data.io import fingerprint
+from searchrl.datasets.io import fingerprint
 from searchrl.types import QAExample
 from tests.conftest import REPO_ROOT
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import read_manifest, write_jsonl
+from searchrl.datasets.io import read_manifest, write_jsonl
 from searchrl.eval.audit import GOLD_LIKELY_WRONG, POLICY_ERROR
 from searchrl.eval.baselines import TRAINED, SystemSpec
 from searchrl.eval.metrics import (

@@ -21,7 +21,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from searchrl.config import IndexConfig, inputs_of
-from searchrl.data.io import write_jsonl
+from searchrl.datasets.io import write_jsonl
 from searchrl.retrieval import dense
 from searchrl.retrieval.dense import build_faiss, faiss_params, resolve_encoder_path, training_rows
 from searchrl.retrieval.embedding import (

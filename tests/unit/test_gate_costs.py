@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import write_jsonl
+from searchrl.datasets.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.metrics import QuestionResult
 from searchrl.eval.results import RESULTS_FILE

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from searchrl.config import PipelineConfig
-from searchrl.data.reading_world import SLICE_CARD
+from searchrl.datasets.reading_world import SLICE_CARD
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.metrics import QuestionResult, by_slices
 from searchrl.eval.results import EvalResult, SystemResult

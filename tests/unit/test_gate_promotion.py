@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from searchrl.__main__ import main
 from searchrl.config import PipelineConfig
-from searchrl.data.io import write_jsonl
+from searchrl.datasets.io import write_jsonl
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.results import RESULTS_FILE
 from searchrl.stages import STAGES, StageInputError, decide_go_no_go

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import write_jsonl
+from searchrl.datasets.io import write_jsonl
 from searchrl.eval.baselines import TRAINED, SystemSpec
 from searchrl.eval.metrics import (
     QuestionResult,

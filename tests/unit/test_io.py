@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     DIR_MANIFEST,
     DataError,
     fingerprint,
@@ -209,7 +209,7 @@ def test_fingerprints_read_a_file_once_while_it_is_unchanged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from searchrl.data import io
+    from searchrl.datasets import io
 
     reads: list[Path] = []
     real = io.content_sha256
@@ -235,7 +235,7 @@ def test_fingerprints_read_a_file_once_while_it_is_unchanged(
     assert fingerprint(policy) not in (first, second)
 
 
-# --- gold answers of other types (one rule: data.io.answer_strings, prepare uses it too)
+# --- gold answers of other types (one rule: datasets.io.answer_strings, prepare uses it too)
 
 
 @pytest.mark.parametrize(("value", "expected"), [
@@ -250,7 +250,7 @@ def test_fingerprints_read_a_file_once_while_it_is_unchanged(
     (None, []),
 ])
 def test_answer_strings_reads_numbers_and_squad(value: object, expected: list[str]) -> None:
-    from searchrl.data.io import answer_strings
+    from searchrl.datasets.io import answer_strings
 
     assert answer_strings(value) == expected
 
@@ -264,7 +264,7 @@ def test_answer_strings_reads_numbers_and_squad(value: object, expected: list[st
 ])
 def test_answer_strings_rejects_other_types_saying_what_they_are(value: object,
                                                                  says: str) -> None:
-    from searchrl.data.io import AnswerTypeError, answer_strings
+    from searchrl.datasets.io import AnswerTypeError, answer_strings
 
     with pytest.raises(AnswerTypeError, match=re.escape(says)):
         answer_strings(value)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import PipelineConfig, load_config
-from searchrl.data.io import read_manifest, write_jsonl
+from searchrl.datasets.io import read_manifest, write_jsonl
 from searchrl.eval.baselines import TRAINED, SystemSpec, plan_systems
 from searchrl.eval.results import RESULTS_FILE, load_eval_result, read_question_results
 from searchrl.eval.run import evaluate

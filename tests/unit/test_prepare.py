@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from searchrl.config import DataConfig, PipelineConfig
-from searchrl.data.io import DataError, read_manifest, read_passages, read_qa
-from searchrl.data.prepare import PrepareSpec, load_spec, prepare_data
+from searchrl.datasets.io import DataError, read_manifest, read_passages, read_qa
+from searchrl.datasets.prepare import PrepareSpec, load_spec, prepare_data
 
 REPO = Path(__file__).resolve().parents[2]
 HOTPOT = REPO / "data" / "hotpotqa_train100"

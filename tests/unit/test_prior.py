@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from searchrl.config import PipelineConfig, TinyModelConfig
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.generation.base import SamplingParams
 from searchrl.generation.hf import HFFullContextGenerator, HFGenerator
 from searchrl.models.prior import (

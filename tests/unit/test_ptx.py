@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.rl.prompts import ANSWER_OPEN
 from searchrl.train.cold_start.build import extra_world_seeds
 from searchrl.train.grpo.ptx import build_replay, ptx_loss, step_rows

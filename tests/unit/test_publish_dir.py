@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.data import io
-from searchrl.data.io import atomic_writer, exchange_paths, publish_dir
+from searchrl.datasets import io
+from searchrl.datasets.io import atomic_writer, exchange_paths, publish_dir
 
 
 def _dir(path: Path, text: str) -> Path:

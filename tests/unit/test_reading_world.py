@@ -7,7 +7,7 @@ import re
 import pytest
 
 from searchrl.config import IndexConfig, SyntheticWorldConfig
-from searchrl.data.reading_world import (
+from searchrl.datasets.reading_world import (
     BORN_CITY,
     FOUNDED_YEAR,
     QUESTION_FORMS,
@@ -16,7 +16,7 @@ from searchrl.data.reading_world import (
     ReadingWorld,
     generate_reading_world,
 )
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.train.cold_start.demos import build_demos

@@ -19,7 +19,7 @@ from searchrl.config import (
     field_shapes,
     load_config,
 )
-from searchrl.data.io import records_fingerprint
+from searchrl.datasets.io import records_fingerprint
 from searchrl.stages import STAGES
 from searchrl.train.grpo.checkpoint import run_identity
 from searchrl.types import Passage, QAExample

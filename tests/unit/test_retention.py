@@ -21,7 +21,7 @@ from mlflow import MlflowClient
 from searchrl.__main__ import main as cli
 from searchrl.config import load_config
 from searchrl.config.pipeline import PipelineConfig
-from searchrl.data.io import content_sha256
+from searchrl.datasets.io import content_sha256
 from searchrl.retention import plan_prune, prune
 from searchrl.tracking import (
     CHALLENGER,

@@ -18,7 +18,7 @@ import pytest
 
 from searchrl.config import load_config
 from searchrl.config.pipeline import PipelineConfig
-from searchrl.data.io import content_sha256
+from searchrl.datasets.io import content_sha256
 from searchrl.paths import StagePaths
 from searchrl.retention import plan_prune, prune, prune_after_run
 from searchrl.train.grpo.checkpoint import FORMAT_VERSION

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import DataError, write_jsonl
+from searchrl.datasets.io import DataError, write_jsonl
 from searchrl.retrieval import index_store
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.client import RetrievalClient

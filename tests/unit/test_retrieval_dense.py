@@ -13,7 +13,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import write_jsonl
+from searchrl.datasets.io import write_jsonl
 from searchrl.retrieval.dense import build_faiss, faiss_params, prefixes
 from searchrl.retrieval.index_store import (
     IndexStoreError,

@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from searchrl.config import IndexConfig, PipelineConfig, load_config
-from searchrl.data.io import read_qa
+from searchrl.datasets.io import read_qa
 from searchrl.httpx_helpers import NO_RETRY_HEADER, retry_delay
 from searchrl.retrieval.base import SearchError
 from searchrl.retrieval.client import RetrievalClient

@@ -11,8 +11,8 @@ from typing import TypeVar
 import pytest
 
 from searchrl.config import SyntheticWorldConfig, load_config
-from searchrl.data.reading_world import ReadingWorld, generate_reading_world
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.reading_world import ReadingWorld, generate_reading_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.eval.scripted import ScriptedSystem, default_encoder
 from searchrl.retrieval.dense import Encoder
 from searchrl.rl.rewards import exact_match

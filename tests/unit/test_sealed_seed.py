@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import ConfigError, load_config
-from searchrl.data.tuning import default_tuning_seed, require_tuning_world
+from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_BENCHMARKS = ("bench_reward_schemes.py", "bench_train.py", "bench_curriculum.py")

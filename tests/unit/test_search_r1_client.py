@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from searchrl.config import IndexConfig, load_config
-from searchrl.data.io import read_qa
-from searchrl.data.reading_world import generate_reading_world
-from searchrl.data.world import write_world
+from searchrl.datasets.io import read_qa
+from searchrl.datasets.reading_world import generate_reading_world
+from searchrl.datasets.world import write_world
 from searchrl.retrieval.client import RetrievalClient
 from searchrl.retrieval.index_store import LocalSearcher, build_index, load_corpus_searcher
 from searchrl.retrieval.server import create_app

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from searchrl.config import IndexConfig, SFTConfig, SyntheticWorldConfig, TinyModelConfig
-from searchrl.data.synthetic import SYNTHETIC_TYPES, generate_world
+from searchrl.datasets.synthetic import SYNTHETIC_TYPES, generate_world
 from searchrl.models.tiny import build_tiny_model, train_tokenizer
 from searchrl.retrieval.bm25 import BM25Index
 from searchrl.retrieval.index_store import LocalSearcher

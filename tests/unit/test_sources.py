@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from searchrl.config import DataConfig
-from searchrl.data.io import read_passages, write_jsonl
-from searchrl.data.sources import materialise_sources
+from searchrl.datasets.io import read_passages, write_jsonl
+from searchrl.datasets.sources import materialise_sources
 
 
 def test_a_corpus_file_shared_by_names_is_copied_once(tmp_path: Path) -> None:

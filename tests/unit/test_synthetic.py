@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.io import read_manifest, read_passages, read_qa
-from searchrl.data.synthetic import generate_world
-from searchrl.data.world import write_world
+from searchrl.datasets.io import read_manifest, read_passages, read_qa
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.world import write_world
 from searchrl.retrieval.bm25 import BM25Index
 
 SMALL = SyntheticWorldConfig(profile="classic", seed=3, n_people=80, n_cities=20,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from searchrl.config import load_config
-from searchrl.data.io import read_manifest
-from searchrl.data.synthetic import generate_world
-from searchrl.data.world import write_world
+from searchrl.datasets.io import read_manifest
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.world import write_world
 from searchrl.simulation import report
 from searchrl.simulation import world as wd
 

@@ -35,14 +35,14 @@ class ValidateConfig(Section):
     max_passage_chars: int = Field(20000, ge=1)
     max_hops: int = Field(4, ge=1)
     allowed_types: tuple[str, ...] = (
-        # HotpotQA, 2WikiMultihopQA, MuSiQue (Nhop), single-hop sets (see data/prepare/layouts.py)
+        # HotpotQA, 2WikiMultihopQA, MuSiQue (Nhop), single-hop sets (datasets/prepare/layouts.py)
         "bridge", "comparison", "compositional", "inference", "bridge_comparison", "single",
         "1hop", "2hop", "3hop", "4hop",
-        # the synthetic world's question templates (searchrl.data.synthetic.SYNTHETIC_TYPES)
+        # the synthetic world's question templates (searchrl.datasets.synthetic.SYNTHETIC_TYPES)
         "person_birth_city", "city_country", "country_capital", "org_founder", "org_hq_city",
         "person_birth_country", "org_founder_birth_city", "org_hq_country",
         "org_founder_birth_country", "person_birth_country_capital",
-        # the reading world's further types (searchrl.data.reading_world.READING_TYPES)
+        # the reading world's further types (searchrl.datasets.reading_world.READING_TYPES)
         "person_birth_year", "org_founded_year", "org_founder_birth_year",
         "compare_org_founded", "compare_person_born",
     )

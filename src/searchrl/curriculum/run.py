@@ -25,7 +25,7 @@ from searchrl.curriculum.difficulty import (
     estimate_difficulty,
     filter_by_difficulty,
 )
-from searchrl.data.io import atomic_write_text, fingerprint, read_qa, write_jsonl
+from searchrl.datasets.io import atomic_write_text, fingerprint, read_qa, write_jsonl
 from searchrl.generation.base import Generator
 from searchrl.generation.factory import make_generator
 from searchrl.plots import save_figure

@@ -39,7 +39,7 @@ from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.io import atomic_write_text
+from searchrl.datasets.io import atomic_write_text
 from searchrl.rl.records import RolloutRecord
 from searchrl.text import is_subspan, normalize_answer
 from searchrl.types import QAExample

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.io import atomic_write_text, read_user_text
+from searchrl.datasets.io import atomic_write_text, read_user_text
 
 MODEL_VERSION = "searchrl-audit"
 TASKS_SUFFIX = ".label_studio.json"

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from searchrl.data.io import atomic_write_text
+from searchrl.datasets.io import atomic_write_text
 from searchrl.eval.label_studio import CONFIG_FILE, LABEL_CONFIG, TASKS_SUFFIX
 from searchrl.eval.validation_queue import write_validation_queue
 

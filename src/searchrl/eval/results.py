@@ -193,10 +193,10 @@ class EvalResult:
 
 def known_slice_card(names: Iterable[str]) -> dict[str, str]:
     """What each of `names` tests, from the world module's `SLICE_CARD`
-    (`searchrl.data.reading_world`); names it does not describe, or every name when that
+    (`searchrl.datasets.reading_world`); names it does not describe, or every name when that
     module or its card is missing, are left out (the report says "not described")."""
     try:  # by name: optional (a world without named slices has no card)
-        reading_world = importlib.import_module("searchrl.data.reading_world")
+        reading_world = importlib.import_module("searchrl.datasets.reading_world")
     except ImportError:
         return {}
     card = getattr(reading_world, "SLICE_CARD", None)

@@ -43,8 +43,8 @@ from typing import Any
 from tqdm import tqdm
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, manifest_path, read_qa, write_jsonl
-from searchrl.data.sources import extra_eval_split
+from searchrl.datasets.io import atomic_write_text, manifest_path, read_qa, write_jsonl
+from searchrl.datasets.sources import extra_eval_split
 from searchrl.eval.audit import (
     audit_rollouts,
     final_turn_confidence,

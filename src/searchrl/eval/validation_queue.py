@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.io import atomic_write_text, read_qa
+from searchrl.datasets.io import atomic_write_text, read_qa
 from searchrl.eval.audit import GOLD_POSSIBLY_WRONG
 from searchrl.eval.label_studio import write_label_studio
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, read_manifest
+from searchrl.datasets.io import atomic_write_text, read_manifest
 from searchrl.eval.audit import GOLD_LIKELY_WRONG
 from searchrl.eval.baselines import CHAMPION, FRONTIER, TRAINED
 from searchrl.eval.metrics import NAN_INTERVAL, Interval, QuestionResult, Summary

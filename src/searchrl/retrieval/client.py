@@ -18,7 +18,7 @@ Search-R1's trainer reads (the first line its title). Our server adds that title
 passage stored without it (the demo's `Title. text`) and says so (`title_line_added`); the
 hit here is the passage as stored, exactly what an in-process search returns. A document
 without a `title` (Search-R1's server sends corpus rows as stored) takes it from a `"Title"`
-first line, as loading that corpus does (`searchrl.data.io`).
+first line, as loading that corpus does (`searchrl.datasets.io`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import flashrag_title
+from searchrl.datasets.io import flashrag_title
 from searchrl.httpx_helpers import request_json
 from searchrl.retrieval.base import SearchError
 from searchrl.tags import neutralize_tags

@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 from tqdm import tqdm
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import atomic_write_text, atomic_writer
+from searchrl.datasets.io import atomic_write_text, atomic_writer
 from searchrl.ray_engine import RayEngine, WorkerState
 from searchrl.retrieval.dense import Encoder, encoder_device, encoder_dtype, encoder_hash, prefixes
 

@@ -47,7 +47,7 @@ import faiss
 import numpy as np
 
 from searchrl.config import IndexConfig, inputs_of
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     DIR_MANIFEST,
     DataError,
     atomic_write_text,

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from searchrl.config import IndexConfig, PipelineConfig
-from searchrl.data.io import log_tail
+from searchrl.datasets.io import log_tail
 from searchrl.retrieval.base import Searcher, SearchError
 from searchrl.retrieval.client import RetrievalClient
 from searchrl.retrieval.index_store import MAIN_CORPUS, load_searcher

@@ -84,7 +84,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from searchrl.config import ConfigError, IndexConfig, load_config
-from searchrl.data.io import read_manifest
+from searchrl.datasets.io import read_manifest
 from searchrl.exit_codes import exit_code_table, report_error
 from searchrl.httpx_helpers import NO_RETRY_HEADER
 from searchrl.retrieval.base import Searcher

@@ -42,7 +42,7 @@ import httpx
 import yaml
 
 from searchrl.config import IndexConfig
-from searchrl.data.io import log_tail
+from searchrl.datasets.io import log_tail
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.io import manifest_path, write_jsonl
+from searchrl.datasets.io import manifest_path, write_jsonl
 from searchrl.text import normalize_answer
 
 REVISION = " This entry was revised after week {week}."

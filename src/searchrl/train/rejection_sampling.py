@@ -33,7 +33,7 @@ from typing import Any
 
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig, inputs_of
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     atomic_write_text,
     fingerprint,
     read_manifest,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import fingerprint, read_qa
+from searchrl.datasets.io import fingerprint, read_qa
 from searchrl.paths import StagePaths
 from searchrl.refs import begin, check_inputs, files_of, finish, read_ref
 from searchrl.retrieval.base import Searcher

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, read_passages, read_qa
+from searchrl.datasets.io import atomic_write_text, read_passages, read_qa
 from searchrl.refs import StageInputError
 from searchrl.retrieval.base import Searcher
 from searchrl.sinks import MetricsSink

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import read_passages, read_raw_qa_rows_lenient, write_jsonl
+from searchrl.datasets.io import read_passages, read_raw_qa_rows_lenient, write_jsonl
 from searchrl.text import normalize_answer
 from searchrl.validation.answerability import find_answers
 from searchrl.validation.suites import SuiteRunner

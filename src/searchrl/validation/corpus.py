@@ -39,7 +39,7 @@ from typing import IO, Any, NamedTuple, cast
 from pydantic import ValidationError
 
 from searchrl.config import EngineConfig, ValidateConfig
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     DataError,
     atomic_writer,
     iter_passage_chunks,
@@ -48,7 +48,7 @@ from searchrl.data.io import (
     passage_line,
     write_manifest,
 )
-from searchrl.data.sources import SourcePaths
+from searchrl.datasets.sources import SourcePaths
 from searchrl.types import Passage
 from searchrl.validation.checks import CorpusFacts
 from searchrl.validation.drift import CorpusDigest, GoldDigest

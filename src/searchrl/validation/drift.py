@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.data.io import atomic_write_text
+from searchrl.datasets.io import atomic_write_text
 from searchrl.paths import StagePaths, safe_filename
 from searchrl.types import Passage, QAExample
 

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from searchrl.data.io import read_user_text
+from searchrl.datasets.io import read_user_text
 from searchrl.locks import held
 
 NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]

@@ -41,14 +41,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from searchrl.config import PipelineConfig, ValidateConfig
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     BadRow,
     atomic_write_text,
     manifest_path,
     read_raw_qa_rows,
     write_jsonl,
 )
-from searchrl.data.sources import (
+from searchrl.datasets.sources import (
     SourcePaths,
     SourceRows,
     extra_eval_split,

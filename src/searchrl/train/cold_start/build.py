@@ -22,7 +22,7 @@ import torch
 
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig
-from searchrl.data.io import atomic_write_text, records_fingerprint
+from searchrl.datasets.io import atomic_write_text, records_fingerprint
 from searchrl.generation.factory import resolve_device
 from searchrl.models.prior import is_bundled_prior, prior_fingerprint
 from searchrl.models.tiny import init_policy

@@ -44,7 +44,7 @@ from typing import Any, Literal
 from tqdm import tqdm
 
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.synthetic import generate_world
+from searchrl.datasets.synthetic import generate_world
 from searchrl.retrieval.base import Searcher
 from searchrl.types import Passage, QAExample, SearchHit
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.config import SFTConfig
-from searchrl.data.io import publish_dir
+from searchrl.datasets.io import publish_dir
 from searchrl.train.cold_start.demos import Demo
 from searchrl.train.tensors import token_logprobs
 

@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import log_tail
+from searchrl.datasets.io import log_tail
 from searchrl.train.distributed.deepspeed_setup import free_port
 from searchrl.train.distributed.hostfile import check_hostfile
 

@@ -48,7 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from searchrl.config import PipelineConfig
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     atomic_write_text,
     content_sha256,
     publish_dir,

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from searchrl.config import TrainConfig
-from searchrl.data.io import atomic_write_text, publish_dir
+from searchrl.datasets.io import atomic_write_text, publish_dir
 from searchrl.train.cold_start.sft import save_policy
 from searchrl.train.distributed.deepspeed_setup import all_reduce, barrier, full_parameters
 from searchrl.train.grpo.checkpoint import STEP_PREFIX, CheckpointError, safe_load, state_file

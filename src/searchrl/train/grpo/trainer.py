@@ -72,7 +72,7 @@ from tqdm import tqdm
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig
 from searchrl.curriculum.difficulty import estimate_difficulty, fill_informative_groups
-from searchrl.data.io import atomic_write_text, read_passages, read_qa
+from searchrl.datasets.io import atomic_write_text, read_passages, read_qa
 from searchrl.generation.base import Generator
 from searchrl.generation.factory import make_generator, resolve_device
 from searchrl.plots import plot_curve

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from searchrl.data.io import write_jsonl
+from searchrl.datasets.io import write_jsonl
 from searchrl.types import Passage, QAExample
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr",

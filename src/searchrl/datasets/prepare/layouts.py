@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from searchrl.data.io import AnswerTypeError, DataError, _iter_raw_rows, answer_strings
-from searchrl.data.prepare.spec import PREPARED, QASourceSpec
+from searchrl.datasets.io import AnswerTypeError, DataError, _iter_raw_rows, answer_strings
+from searchrl.datasets.prepare.spec import PREPARED, QASourceSpec
 from searchrl.types import QAExample
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from searchrl.config import check_set_names
-from searchrl.data.io import DataError, read_user_text
+from searchrl.datasets.io import DataError, read_user_text
 from searchrl.paths import safe_filename
 
 QALayout = Literal["auto", "search_r1", "flashrag", "nq_open", "triviaqa", "popqa", "hotpotqa",
@@ -32,7 +32,7 @@ class _Spec(BaseModel):
 
 
 class QASourceSpec(_Spec):
-    """One QA source: a file/dir/`hf://` spec as `searchrl.data.io` reads, its layout and an
+    """One QA source: a file/dir/`hf://` spec as `searchrl.datasets.io` reads, its layout and an
     optional row cap (a seeded sample, not the head, so the cap does not bias the mix)."""
 
     source: str = Field(min_length=1)

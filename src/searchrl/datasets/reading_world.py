@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.world import (
+from searchrl.datasets.world import (
     INDUSTRIES,
     ORG_KINDS,
     PROFESSIONS,

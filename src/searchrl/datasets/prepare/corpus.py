@@ -17,15 +17,15 @@ from typing import IO, Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     DataError,
     _normalise_passage,
     atomic_write_text,
     atomic_writer,
     manifest_path,
 )
-from searchrl.data.prepare.layouts import read_rows
-from searchrl.data.prepare.spec import PREPARED
+from searchrl.datasets.prepare.layouts import read_rows
+from searchrl.datasets.prepare.spec import PREPARED
 from searchrl.types import Passage
 
 log = logging.getLogger(__name__)

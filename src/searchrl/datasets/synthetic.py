@@ -21,8 +21,8 @@ from __future__ import annotations
 import random
 
 from searchrl.config import SyntheticWorldConfig
-from searchrl.data.reading_world import generate_reading_world
-from searchrl.data.world import (
+from searchrl.datasets.reading_world import generate_reading_world
+from searchrl.datasets.world import (
     INDUSTRIES,
     ORG_KINDS,
     PROFESSIONS,

@@ -18,9 +18,9 @@ QA sources read with skipped rows recorded), `corpus` (the streamed corpus write
 (`prepare_data`).
 """
 
-from searchrl.data.prepare.build import PreparedData, prepare_data
-from searchrl.data.prepare.layouts import SkippedRow, detect_layout
-from searchrl.data.prepare.spec import (
+from searchrl.datasets.prepare.build import PreparedData, prepare_data
+from searchrl.datasets.prepare.layouts import SkippedRow, detect_layout
+from searchrl.datasets.prepare.spec import (
     CORPUS,
     DATA_YAML,
     PREPARED,

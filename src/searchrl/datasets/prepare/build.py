@@ -13,15 +13,15 @@ from typing import Any
 import yaml
 
 from searchrl.config import DataConfig
-from searchrl.data.io import DataError, atomic_write_text, write_jsonl
-from searchrl.data.prepare.corpus import (
+from searchrl.datasets.io import DataError, atomic_write_text, write_jsonl
+from searchrl.datasets.prepare.corpus import (
     CorpusStats,
     ParagraphCorpus,
     stream_source_rows,
     write_corpus,
 )
-from searchrl.data.prepare.layouts import Converted, Part, SkippedRow, read_part, sample_items
-from searchrl.data.prepare.spec import CORPUS, DATA_YAML, PREPARED, PrepareSpec
+from searchrl.datasets.prepare.layouts import Converted, Part, SkippedRow, read_part, sample_items
+from searchrl.datasets.prepare.spec import CORPUS, DATA_YAML, PREPARED, PrepareSpec
 from searchrl.paths import safe_filename
 from searchrl.types import QAExample
 

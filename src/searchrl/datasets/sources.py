@@ -1,7 +1,7 @@
 """Materialise the configured data sources into `<work_dir>/source/` as normalised JSONL with
 manifests: the synthetic world is generated (deterministic), files are read and rewritten.
 
-Reading goes through `searchrl.data.io`, so a bad row fails here naming file, row and field
+Reading goes through `searchrl.datasets.io`, so a bad row fails here naming file, row and field
 before any stage runs, and nothing partial is left marked complete (manifests come last).
 Validation passes a `SourceRows` instead: QA lines that are not JSON objects are then handed
 back to be quarantined, and each copied row keeps the file and row number it came from.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.config import DataConfig
-from searchrl.data.io import (
+from searchrl.datasets.io import (
     BadRow,
     DataError,
     fingerprint,
@@ -25,8 +25,8 @@ from searchrl.data.io import (
     read_raw_qa_rows_lenient,
     write_jsonl,
 )
-from searchrl.data.synthetic import generate_world
-from searchrl.data.world import write_world
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.world import write_world
 from searchrl.paths import safe_filename
 
 
