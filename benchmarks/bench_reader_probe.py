@@ -12,11 +12,12 @@ The fast proxy for each candidate policy model, before paying for its cold start
   one), in the rollout's retrieve_once layout with the question's gold passages (its
   `supporting_doc_ids`, in chain order) as the `<information>` block: the prompt, the gold
   passages and the template's `<answer>` are context, the policy writes ` X </answer>`
-  (`train.demos`' retrieve_once renderer and the cold start's prompt and information block).
+  (`train.cold_start.demos`' retrieve_once renderer and the cold start's prompt and information
+  block).
   The candidate (`init_policy`: `--model tiny` is the config's tiny model from scratch, its
   tokenizer trained on these worlds' corpora and the demonstrations; `--model prior` the
   bundled MiniLM prior prepared from the same texts) is trained with the SFT step of the cold
-  start (`train.sft.batch_loss_backward`: `train.sft.batch_size`, `micro_batch_size`,
+  start (`train.cold_start.sft.batch_loss_backward`: `train.sft.batch_size`, `micro_batch_size`,
   `context_loss_weight`, AdamW with `weight_decay` and `grad_clip`) for a fixed WALL-CLOCK
   budget (`--budget-s`; the learning rate warms up over its first 5% and decays by a cosine
   to 0 at its end), however many steps that is;
