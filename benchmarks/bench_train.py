@@ -55,9 +55,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch
 
 from searchrl.config import load_config
-from searchrl.data.io import fingerprint
-from searchrl.data.synthetic import generate_world
-from searchrl.data.tuning import default_tuning_seed, require_tuning_world
+from searchrl.datasets.io import fingerprint
+from searchrl.datasets.synthetic import generate_world
+from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
 from searchrl.eval.metrics import paired_bootstrap_delta
 from searchrl.generation.factory import make_generator
 from searchrl.retrieval.bm25 import BM25Index
@@ -65,8 +65,8 @@ from searchrl.retrieval.index_store import LocalSearcher
 from searchrl.rl.rollout import RolloutBatch, run_rollouts
 from searchrl.sinks import MetricsSink
 from searchrl.tracking import start_parent_run
-from searchrl.train.cold_start import cold_start
-from searchrl.train.grpo import greedy_eval, train_grpo
+from searchrl.train.cold_start.build import cold_start
+from searchrl.train.grpo.trainer import greedy_eval, train_grpo
 
 # (label, metrics key); "rollout other", "step other" and "outside steps" are derived.
 PHASES = [("generation", "time_generation_s"), ("retrieval", "time_retrieval_s"),
