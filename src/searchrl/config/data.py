@@ -14,9 +14,9 @@ from searchrl.paths import plain_name_problem
 class SyntheticWorldConfig(Section):
     # The cold start draws demonstrations from extra worlds made with these settings.
     SHAPES = shapes("validate_gold_labels", "cold_start")
-    # `reading` (data/reading_world.py): several phrasings per relation (some only in dev and
+    # `reading` (datasets/reading_world.py): several phrasings per relation (some only in dev and
     # test), aliases, facts outside the entity's own passage, namesakes, comparisons, an
-    # answer-novel slice: a world a fixed script cannot ace. `classic` (data/synthetic.py): one
+    # answer-novel slice: a world a fixed script cannot ace. `classic` (datasets/synthetic.py): one
     # phrasing per relation, kept for regression (a regex script scores EM 1.000 on it).
     profile: Literal["reading", "classic"] = "reading"
     seed: int = 13

@@ -1,7 +1,7 @@
 """The `reading` synthetic world: fictional facts that exist only in the corpus, written so
 that answering takes reading and searching, not one regular expression per relation.
 
-What makes it harder than the `classic` world (data/synthetic.py), each a named slice a
+What makes it harder than the `classic` world (datasets/synthetic.py), each a named slice a
 question is tagged with (`QAExample.slices`; `SLICE_CARD` says what each tests):
 
 - phrasings: every question type has 6 question forms; the train split uses forms 0-1 only,

@@ -1,5 +1,5 @@
 """The `classic` synthetic world (kept for regression; the default is the `reading` world of
-data/reading_world.py): fictional entities whose facts exist only in the corpus, so a policy
+datasets/reading_world.py): fictional entities whose facts exist only in the corpus, so a policy
 that does not search cannot beat chance. One question phrasing and one passage sentence per
 relation: a fixed regex script scores EM 1.000 on it (issue 33), so it cannot show that a
 policy learned to read or search.
@@ -179,7 +179,7 @@ def _make_splits(world: World, cfg: SyntheticWorldConfig, rng: random.Random) ->
 
 
 def generate_world(cfg: SyntheticWorldConfig) -> World:
-    """Build the world of `cfg.profile` (`reading`: data/reading_world.py), its corpus and its
+    """Build the world of `cfg.profile` (`reading`: datasets/reading_world.py), its corpus and its
     splits; the same config always gives the same output."""
     if cfg.profile == "reading":
         return generate_reading_world(cfg)

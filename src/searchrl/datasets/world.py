@@ -1,6 +1,6 @@
 """What every synthetic world is made of: the World record, the made-up names its entities get,
-and the writer of its corpus and splits. The `classic` (data/synthetic.py) and `reading`
-(data/reading_world.py) generators both build on it, so neither imports the other's internals.
+and the writer of its corpus and splits. The `classic` (datasets/synthetic.py) and `reading`
+(datasets/reading_world.py) generators both build on it, so neither imports the other's internals.
 """
 
 from __future__ import annotations
