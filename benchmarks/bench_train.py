@@ -55,6 +55,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch
 
 from searchrl.config import load_config
+from searchrl.curriculum.run import cold_start_pass_at_k
 from searchrl.datasets.io import fingerprint
 from searchrl.datasets.synthetic import generate_world
 from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
@@ -175,25 +176,6 @@ def main(argv: list[str] | None = None) -> int:
                 curriculum)
         print("curve:", result.curve_path)
     return 0
-
-
-def cold_start_pass_at_k(curriculum_dir: Path) -> dict[str, Any] | None:
-    """pass@k (share of estimated questions with at least one correct of their k samples) and
-    pass@1 (the mean share correct) of the policy the curriculum stage estimated with, from its
-    `difficulty.parquet` (one row per question: samples, pass_rate, policy_fingerprint); None
-    when the dir holds no estimate."""
-    path = curriculum_dir / "difficulty.parquet"
-    if not path.is_file():
-        return None
-    import pandas as pd
-
-    frame = pd.read_parquet(path)
-    if frame.empty:
-        return None
-    return {"questions": len(frame), "k": sorted({int(k) for k in frame["samples"]}),
-            "pass_at_k": float((frame["pass_rate"] > 0).mean()),
-            "pass_at_1": float(frame["pass_rate"].mean()),
-            "policy_fingerprints": sorted(set(frame["policy_fingerprint"]))}
 
 
 def print_cold_start_pass(curriculum_dir: Path, sft: Path) -> None:

@@ -4,6 +4,7 @@ stages run for real (tiny sizes), each an MLflow child run of one parent run."""
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import threading
 from pathlib import Path
@@ -13,12 +14,14 @@ import pytest
 
 from flows.pipeline import pipeline
 from searchrl import codehash, stages
+from searchrl.config import ConfigError
 from searchrl.eval.baselines import TRAINED
 from searchrl.eval.results import load_eval_result
 from searchrl.stages import REF_FILE
 from searchrl.tracking import child_runs
 from searchrl.train import stage as train_stage
 from searchrl.train.cold_start.build import SFT_STATS_FILE
+from tests.conftest import REPO_ROOT
 
 # Small enough for the default test run; every stage still runs for real.
 FAST = [
@@ -61,6 +64,27 @@ def test_pipeline_creates_parent_and_child_runs(first_run: dict[str, Any]) -> No
     assert json.loads(sft_stats.read_text())["sft_device"] == "cpu"
     decision = first_run["decision"]
     assert decision.reasons and Path(decision.report_html or "").is_file()
+
+
+def test_the_design_table_reports_what_the_pipeline_run_wrote(
+        first_run: dict[str, Any], workspace: list[str], tmp_path: Path) -> None:
+    # benchmarks/bench_candidates.py (issue 43 §2) reads a finished run's dir as it is.
+    bench = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_candidates.py"),
+                           run_name="bench_candidates")
+    work_dir = Path(next(o for o in workspace if o.startswith("run.work_dir=")).split("=", 1)[1])
+    shutil.copytree(work_dir, tmp_path / "tiny")
+    got = bench["figures"](tmp_path, "tiny")
+    result = load_eval_result(work_dir / "evaluate_policy" / "results.json")
+    assert got["em"]["trained"]["mean"] == result.systems[TRAINED].summary.em.mean
+    assert got["steps"].steps == 1  # train.steps=1
+    assert got["pass"]["questions"] == 4 and got["pass"]["k"] == [2]  # the curriculum's FAST
+    assert got["seconds"] is None  # not run by the bench: no whole-process wall
+    table = bench["tables"]({"tiny": got})
+    assert f"| tiny | {got['parameters']:,} |" in table and "of 1 |" in table
+    # A sealed world is refused before anything runs.
+    with pytest.raises(ConfigError, match="tuning"):
+        bench["run_candidate"]("tiny", 2027, tmp_path, [])
+    assert not (tmp_path / "tiny.log").exists()
 
 
 def test_rerun_skips_finished_stages_and_a_change_reruns_only_downstream(

@@ -1,5 +1,6 @@
-"""benchmarks/bench_train.py's cold-start pass@k: read from what the curriculum stage writes
-(its own `write_artifacts`), dropped questions (never / always solved) counted too."""
+"""The cold start's pass@k (`curriculum.run.cold_start_pass_at_k`, printed by
+benchmarks/bench_train.py, tabulated by bench_candidates.py): read from what the curriculum
+stage writes (its own `write_artifacts`), dropped questions (never / always solved) counted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.curriculum.difficulty import QuestionDifficulty, filter_by_difficulty
-from searchrl.curriculum.run import write_artifacts
+from searchrl.curriculum.run import cold_start_pass_at_k, write_artifacts
 from searchrl.datasets.io import fingerprint
 from searchrl.types import QAExample
 from tests.conftest import REPO_ROOT
@@ -32,11 +33,11 @@ def test_pass_at_k_and_pass_at_1_from_the_curriculum_estimate(
                     policy_fingerprint=fingerprint(sft), data_fingerprint="d")
     bench = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_train.py"),
                            run_name="bench_train")
-    got = bench["cold_start_pass_at_k"](tmp_path / "filter_curriculum")
+    got = cold_start_pass_at_k(tmp_path / "filter_curriculum")
     assert got["questions"] == 5 and got["k"] == [8]
     assert got["pass_at_k"] == pytest.approx(3 / 5)
     assert got["pass_at_1"] == pytest.approx(sum(rates) / 5)
-    assert bench["cold_start_pass_at_k"](tmp_path / "none") is None
+    assert cold_start_pass_at_k(tmp_path / "none") is None
 
     bench["print_cold_start_pass"](tmp_path / "filter_curriculum", sft)
     assert "pass@8 0.600, pass@1 0.325 (this cold start" in capsys.readouterr().out

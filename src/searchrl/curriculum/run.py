@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
 from tqdm import tqdm
@@ -110,6 +111,25 @@ def write_artifacts(examples: Sequence[QAExample], result: FilterResult,
     return CurriculumResult(train_path=train_path, difficulty_path=difficulty_path,
                             dropped_path=dropped_path, histogram_path=hist,
                             counts=counts, mean_pass_rate=mean)
+
+
+def cold_start_pass_at_k(curriculum_dir: Path) -> dict[str, Any] | None:
+    """pass@k (share of estimated questions with at least one correct of their k samples) and
+    pass@1 (the mean share correct) of the policy the curriculum stage estimated with, from its
+    `difficulty.parquet` (one row per question: samples, pass_rate, policy_fingerprint); None
+    when the dir holds no estimate."""
+    path = curriculum_dir / "difficulty.parquet"
+    if not path.is_file():
+        return None
+    import pandas as pd
+
+    frame = pd.read_parquet(path)
+    if frame.empty:
+        return None
+    return {"questions": len(frame), "k": sorted({int(k) for k in frame["samples"]}),
+            "pass_at_k": float((frame["pass_rate"] > 0).mean()),
+            "pass_at_1": float(frame["pass_rate"].mean()),
+            "policy_fingerprints": sorted(set(frame["policy_fingerprint"]))}
 
 
 def run_curriculum(config: PipelineConfig, train_path: Path, policy_dir: Path,
