@@ -258,3 +258,21 @@ def test_demonstrations_start_as_the_prior_s_rollouts_start(prior_dir: Path) -> 
         ids = rows[record.example_id]
         assert record.prompt_ids[0] == tok.cls_token_id
         assert ids[:len(record.prompt_ids)] == record.prompt_ids
+
+
+def test_every_prompt_ends_with_the_same_cue_whatever_the_question_s_punctuation(
+        prior_dir: Path) -> None:
+    """The policy starts writing after a constant cue, not right after the question: a question
+    phrased as a request ("Tell me ... .") once ended its prompt differently from the "?" of
+    every cold-start question, and the policy kept writing the question instead of opening
+    its <think> (tuning world 101: 7-11% of those rollouts opened with <think>, all others
+    did; docs/results/prior.md)."""
+    _, tok = load_policy(prior_dir)
+    asked = tok(build_prompt("Who founded Mutheix?"))["input_ids"]
+    told = tok(build_prompt("Tell me who founded Mutheix."))["input_ids"]
+    common = 0
+    while asked[-1 - common] == told[-1 - common]:
+        common += 1
+    cue = tok.decode(asked[-common:], skip_special_tokens=True).strip()
+    assert cue.startswith("response")  # the cue, and nothing of the question, is shared
+    assert "mutheix" not in cue

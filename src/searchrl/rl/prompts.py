@@ -20,6 +20,11 @@ PROMPT_TEMPLATE = (
     "<search> query </search>; the results come back inside <information> and "
     "</information>. Give the final answer inside <answer> and </answer>.\n"
     "Question: {question}\n"
+    # A constant cue after the question: the policy's text starts after the same tokens
+    # whatever the question's wording. Without it a question phrased as a request ("Tell me
+    # ... .") ended where no cold-start question did ("?"), and the prior kept writing the
+    # question instead of opening <think> (docs/results/prior.md, "The prompt's last line").
+    "Response:\n"
 )
 
 # Glue around an inserted information block (mask 0). The newlines keep the block visually
