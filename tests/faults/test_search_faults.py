@@ -275,7 +275,9 @@ def test_grpo_step_with_failures_tolerated_completes_and_logs_the_errors(
     assert result.steps_done == 1 and result.skipped_steps == 0
     row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     rollouts = config.train.questions_per_step * config.rollout.group_size
-    assert row["searches_per_rollout"] >= 1
+    # The rollouts searched (the fixture's policy does on most of them), and every search
+    # failed and was counted as an error instead of stopping the step.
+    assert row["searches_per_rollout"] > 0
     assert row["search_errors"] == row["searches_per_rollout"] * rollouts
     assert len(down.requests) % (RETRIES + 1) == 0 and down.requests
     assert torch.isfinite(torch.tensor(row["loss"]))
