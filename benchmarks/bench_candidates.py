@@ -32,7 +32,6 @@ from safetensors import safe_open
 from searchrl.config import load_config
 from searchrl.curriculum.run import cold_start_pass_at_k
 from searchrl.datasets.tuning import require_tuning_world
-from searchrl.eval.metrics import QuestionResult, align, paired_bootstrap_delta
 from searchrl.gate.report import training_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,11 +66,6 @@ def run_candidate(name: str, world_seed: int, work: Path, extra: list[str]) -> N
         json.dumps({"seconds": time.perf_counter() - started}))
 
 
-def _questions(path: Path) -> list[QuestionResult]:
-    return [QuestionResult.from_dict(json.loads(line))
-            for line in path.read_text().splitlines() if line.strip()]
-
-
 def _parameters(policy_dir: Path) -> int:
     """Stored parameters (a tied output layer counts once, as it is stored once)."""
     with safe_open(str(policy_dir / "model.safetensors"), framework="pt") as f:
@@ -91,12 +85,8 @@ def figures(work: Path, name: str) -> dict[str, Any]:
     # The gate's comparator: the better of the SFT family (None when neither was evaluated).
     best = max((s for s in ("sft", "rejection_sampling") if s in em),
                key=lambda s: em[s]["mean"], default=None)
-    delta = None
-    if best is not None:
-        trained, other = align(_questions(evaluation / "questions_trained.jsonl"),
-                               _questions(evaluation / f"questions_{best}.jsonl"))
-        d = paired_bootstrap_delta([r.em for r in trained], [r.em for r in other], seed=0)
-        delta = {"mean": d.mean, "lo": d.lo, "hi": d.hi}
+    # The evaluation stage's own paired delta (trained - it), as the report quotes it.
+    delta = results["deltas"][best] if best is not None else None
     seconds_file = work / f"{name}.seconds.json"
     return {
         # The evaluated policy's dir, found under this run dir (a copied run's ref names

@@ -29,6 +29,7 @@ from typing import Any
 
 from searchrl.config import ConfigError, load_config
 from searchrl.eval.metrics import QuestionResult, align, paired_bootstrap_delta
+from searchrl.eval.results import read_question_results
 
 ROOT = Path(__file__).resolve().parents[1]
 # The recipe the headline was measured with; the demo (configs/tiny.yaml) runs a shorter one
@@ -58,11 +59,6 @@ def _run(config: str, seed: int, work: Path, extra: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def _questions(path: Path) -> list[QuestionResult]:
-    return [QuestionResult.from_dict(json.loads(line))
-            for line in path.read_text().splitlines() if line.strip()]
-
-
 def _delta(a: list[QuestionResult], b: list[QuestionResult], slice_name: str | None
            ) -> dict[str, float]:
     if slice_name is not None:
@@ -80,7 +76,7 @@ def _figures(dest: Path) -> dict[str, Any]:
     em = {s: systems[s]["summary"]["em"] for s in SYSTEMS if s in systems}
     best = max((s for s in ("sft", "rejection_sampling") if s in em),
                key=lambda s: em[s]["mean"])
-    q = {s: _questions(dest / f"questions_{s}.jsonl") for s in em}
+    q = {s: read_question_results(dest / f"questions_{s}.jsonl") for s in em}
     curve = [(r["step"], r["dev_em"]) for r in
              (json.loads(x) for x in (dest / "metrics.jsonl").read_text().splitlines())
              if "dev_em" in r]
