@@ -69,6 +69,13 @@ def _delta(a: list[QuestionResult], b: list[QuestionResult], slice_name: str | N
     return {"mean": d.mean, "lo": d.lo, "hi": d.hi, "n": d.n}
 
 
+def _year_em(results: list[QuestionResult]) -> tuple[int, int]:
+    """(correct, asked) over the question types whose answer is a year: whether the policy
+    copies a number from the passage it read, which names do not show."""
+    years = [r for r in results if (r.qtype or "").endswith("_year")]
+    return sum(r.em == 1.0 for r in years), len(years)
+
+
 def _figures(dest: Path) -> dict[str, Any]:
     results = json.loads((dest / "results.json").read_text())
     decision = json.loads((dest / "decision.json").read_text())
@@ -87,6 +94,7 @@ def _figures(dest: Path) -> dict[str, Any]:
             "vs_scripted": _delta(q["trained"], q["scripted"], None) if "scripted" in q
             else None,
             "slice_n": {name: sum(name in r.slices for r in q["trained"]) for name in SLICES},
+            "years": {s: _year_em(q[s]) for s in ("sft", "trained") if s in q},
             "curve": curve, "decision": decision.get("label", "?"),
             "seconds": json.loads((dest / "seconds.json").read_text())["seconds"]}
 
@@ -111,17 +119,20 @@ def _ci(i: dict[str, float], signed: bool = False) -> str:
 def _table(runs: dict[int, dict[str, Any]]) -> str:
     head = " | ".join(SYSTEMS)
     lines = [f"| seed | {head} | format ok | best SFT-family | trained - it | unseen phrasing "
-             "| answer-novel | comparison | trained - scripted | dev EM curve | decision | s |",
-             "|" + "---|" * (len(SYSTEMS) + 11)]
+             "| answer-novel | comparison | trained - scripted | years right (sft, trained) "
+             "| dev EM curve | decision | s |",
+             "|" + "---|" * (len(SYSTEMS) + 12)]
     for seed, f in sorted(runs.items()):
         cells = [_ci(f["em"][s]) if s in f["em"] else "-" for s in SYSTEMS]
         vs = f["vs_best"]
         curve = " ".join(f"{step}:{em:.2f}" for step, em in f["curve"])
+        years = ", ".join(f"{c}/{n}" for c, n in f["years"].values())
         lines.append(
             f"| {seed} | " + " | ".join(cells) + f" | {f['format']:.3f} | {f['best']} | "
             f"{_ci(vs[None], True)} | "
             + " | ".join(f"{_ci(vs[s], True)} (n={vs[s]['n']})" for s in SLICES)
-            + f" | {_ci(f['vs_scripted'], True) if f['vs_scripted'] else '-'} | {curve} | "
+            + f" | {_ci(f['vs_scripted'], True) if f['vs_scripted'] else '-'} | {years} | "
+            f"{curve} | "
             f"{f['decision']} | {f['seconds']:.0f} |")
     if runs:
         lines += ["", "| over seeds (mean [min, max]) | " + " | ".join(SYSTEMS) + " |",
