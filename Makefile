@@ -53,7 +53,7 @@ $(STEWARD_VENV)/.installed: $(STEWARD_LOCK) | install
 
 # Exit 1 is the gate's NO-GO: a finished run with a decision, not a failed demo.
 # The embedded default: the MiniLM prior (configs/prior.yaml), the policy that learns from RL
-# here (docs/results/prior.md); about 18 minutes on 2 cores, most of it the cold start.
+# here (docs/results/prior.md); about 17 minutes on 2 cores, most of it the cold start.
 demo: install  ## the whole pipeline on the embedded default (MiniLM prior, bundled data, CPU)
 	$(BIN)/python flows/pipeline.py --config configs/prior.yaml; rc=$$?; \
 	  if [ $$rc -eq 1 ]; then echo "demo finished: the gate decided NO-GO (exit 1), see the report"; \
