@@ -128,3 +128,31 @@ def test_e5_prefixes_are_automatic_and_overridable() -> None:
     assert prefixes(IndexConfig()) == ("", "")
     assert prefixes(IndexConfig(encoder="intfloat/e5-base-v2", query_prefix="q> ")) == (
         "q> ", "passage: ")
+
+
+# Passages of the reading world (sealed-world style), and names as the MiniLM prior misspelt
+# them in its searches (evaluation trajectories): no word of a query is in the corpus.
+NAMES = [
+    {"id": "michugoth", "contents": "michugoth. michugoth is a city located in gochasia."},
+    {"id": "notrou", "contents": "notrou. notrou lies in braishaindia."},
+    {"id": "bripeipair", "contents": "bripeipair. bripeipair is a town of the nation of "
+                                     "drugrelia."},
+    {"id": "gagam", "contents": "gagam bratork. gagam bratork is a cartographer. gagam bratork "
+                                "is a native of notrou."},
+    {"id": "trumoum", "contents": "trumoum works. trumoum works is a glassworks organisation. "
+                                  "its head office is in brilouth."},
+]
+
+
+def test_a_misspelt_name_finds_its_passage_with_hybrid_and_nothing_with_bm25(
+        tmp_path: Path) -> None:
+    # Why configs/prior.yaml's rollouts search hybrid: BM25 returns nothing when no query word
+    # is in the corpus, and the policy then searches until its turn limit.
+    corpus = tmp_path / "names.jsonl"
+    write_jsonl(corpus, NAMES)
+    build_index(corpus, tmp_path / "idx", DENSE, None, NullSink(), progress=False)
+    searcher = load_corpus_searcher(tmp_path / "idx", DENSE)
+    queries = ["michugogoth", "bripeipar", "gagom bratrok", "trumoun workes"]
+    assert all(not hits for hits in searcher.rank(queries, 1, "bm25"))
+    hits = searcher.search_batch(queries, 1)
+    assert [h[0].doc_id for h in hits] == ["michugoth", "bripeipair", "gagam", "trumoum"]
