@@ -64,7 +64,9 @@ def figure_png_base64(fig: Figure, *, dpi: int = 90) -> str:
 
 def plot_curve(history: Sequence[dict[str, Any]], path: Path) -> Path:
     """The training curve: reward / correctness / searches per step, and greedy dev EM by hop
-    where measured."""
+    where measured (the start's, step 0, included: its row has no training figures)."""
+    evals = [h for h in history if "dev_em_all" in h]
+    history = [h for h in history if "reward_mean" in h]
     steps = [h["step"] for h in history]
     fig = Figure(figsize=(14, 4))
     axes = fig.subplots(1, 3)
@@ -80,7 +82,6 @@ def plot_curve(history: Sequence[dict[str, Any]], path: Path) -> Path:
                      label="replay NLL (PPO-ptx)")
     axes[1].set_xlabel("step")
     axes[1].legend()
-    evals = [h for h in history if "dev_em_all" in h]
     for key in sorted({k for h in evals for k in h if k.startswith("dev_em_")}):
         axes[2].plot([h["step"] for h in evals], [h.get(key, math.nan) for h in evals],
                      marker="o", label=key.removeprefix("dev_"))

@@ -1,6 +1,7 @@
 """train.keep_best on the real trainer (DeepSpeed CPU, tiny policy, the fixture's fake rollouts)
 with a scripted dev metric: the best evaluation's policy is kept (max and min, ties keep the
-earlier step), handed on instead of the last step's, and survives a kill + resume."""
+earlier step; the start, evaluated as step 0, is a candidate), handed on instead of the last
+step's, and survives a kill + resume."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from safetensors.torch import load_file
 
 import searchrl.train.grpo.trainer as grpo
 from searchrl.config import PipelineConfig
+from searchrl.gate.report import training_steps
 from searchrl.train.grpo.errors import TrainingError
 from searchrl.train.grpo.selection import BEST_FILE, best_dir, choose_policy
 from searchrl.train.grpo.state import Best
@@ -24,8 +26,9 @@ from tests.train_fixture import build_init_policy, fake_rollouts, tiny_config, t
 
 pytestmark = pytest.mark.smoke
 
-# Dev EM after each step: peaks at 3 and stays there (a tie), lowest at 1.
-DEV = {1: 0.3, 2: 0.5, 3: 0.6, 4: 0.6}
+# Dev EM of the start (step 0) and after each step: peaks at 3 and stays there (a tie),
+# lowest at 1 (the start is below every step but the first).
+DEV = {0: 0.35, 1: 0.3, 2: 0.5, 3: 0.6, 4: 0.6}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,12 @@ def init_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def scripted(values: dict[int, float]) -> Callable[..., dict[str, float]]:
-    """A dev evaluation reporting `values[step]` for the step just done."""
+    """A dev evaluation reporting `values[step]` for the step just done (0: the start's,
+    evaluated before any step under keep_best)."""
     def evaluate(state: Any, examples: Any) -> dict[str, float]:
-        return {"dev_em": values[len(state.history) + 1], "dev_em_all": 0.0}
+        done = sum(h["step"] >= 1 for h in state.history)
+        start_pending = state.config.train.keep_best and not state.history
+        return {"dev_em": values[0 if start_pending else done + 1], "dev_em_all": 0.0}
     return evaluate
 
 
@@ -125,7 +131,7 @@ def test_the_best_so_far_survives_a_kill_and_resume(
 
 
 # Dev EM after each step of a 6-step run: peaks at 2, then no new best (3 ties it).
-PEAK_EARLY = {1: 0.3, 2: 0.6, 3: 0.6, 4: 0.5, 5: 0.7, 6: 0.8}
+PEAK_EARLY = {0: 0.2, 1: 0.3, 2: 0.6, 3: 0.6, 4: 0.5, 5: 0.7, 6: 0.8}
 
 
 def test_early_stopping_ends_after_patience_evaluations_without_a_new_best(
@@ -144,18 +150,49 @@ def test_early_stopping_ends_after_patience_evaluations_without_a_new_best(
     assert (choice.selected_step, choice.last_step) == (2, 4)
     rows = [json.loads(x) for x in (tmp_path / "early" / "metrics.jsonl").read_text().split("\n")
             if x]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["early_stopped"] == 1.0
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["early_stopped"] == 1.0
     # A re-run resumes from step 4's checkpoint, sees the early stop and trains no more.
     again = _train(cfg, init_dir, tmp_path / "early")
     assert again.resumed_from == 4 and again.steps_done == 4 and again.stopped_early
     assert again.best is not None and again.best.step == 2
     # It reports what the training cost (every step's time and more), not the seconds of a
     # run that trained no more.
-    assert sum(r["step_seconds"] for r in rows) < again.earlier_attempts_seconds <= result.seconds
+    trained = sum(r.get("step_seconds", 0) for r in rows)  # the start's row has none
+    assert trained < again.earlier_attempts_seconds <= result.seconds
     # Without early stopping the run goes on and finds the later, better evaluations.
     full = _train(_config(tmp_path, steps=6, checkpoint_every=5), init_dir, tmp_path / "full")
     assert not full.stopped_early and full.steps_done == 6 and full.best is not None
     assert full.best.step == 6
+
+
+# Every step is worse on dev than the start.
+START_BEST = {0: 0.7, 1: 0.3, 2: 0.5, 3: 0.6, 4: 0.6}
+
+
+def test_when_no_step_beats_the_start_the_start_is_handed_on(
+        tmp_path: Path, init_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's dev evaluation is step 0's: no step beats it, so early stopping ends the
+    run after `patience` evaluations, the start's weights are handed on (not the best of the
+    worse steps), the kept start survives a kill + resume, and the gate's training condition
+    says training changed nothing."""
+    monkeypatch.setattr(grpo, "evaluate", scripted(START_BEST))
+    cfg = _config(tmp_path, steps=4, checkpoint_every=1, early_stop_patience=2)
+    part = tmp_path / "part"
+    first = _train(cfg, init_dir, part, stop_after=1)
+    assert best_dir(part, 0).is_dir() and first.best_policy_dir is None
+    result = _train(cfg, init_dir, part)  # resumed from step 1's checkpoint
+    assert result.resumed_from == 1 and result.stopped_early and result.steps_done == 2
+    assert result.best == Best(step=0, metric="dev_em", mode="max", value=0.7)
+    assert result.best_policy_dir is not None and _same(result.best_policy_dir, init_dir)
+    assert not _same(result.best_policy_dir, part / "policy")  # the steps did change it
+    choice = choose_policy(result, cfg.train)
+    assert (choice.selection, choice.selected_step, choice.last_step) == ("best", 0, 2)
+    rows = [json.loads(x) for x in (part / "metrics.jsonl").read_text().split("\n") if x]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "reward_mean" not in rows[0]
+    steps = training_steps(part / "metrics.jsonl", choice.selected_step)
+    assert steps is not None and steps.steps == 2  # the start's row is not a training step
+    check = steps.check()
+    assert not check.passed and "no dev evaluation beat the start" in check.detail
 
 
 def test_early_stopping_needs_keep_best(tmp_path: Path) -> None:

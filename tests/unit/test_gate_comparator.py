@@ -98,6 +98,16 @@ def test_the_report_shows_the_best_and_the_last_checkpoint(tmp_path: Path) -> No
                                        "step 150 (dev_em 0.531) (train.keep_best is off).")
 
 
+def test_the_report_says_when_the_start_was_handed_on(tmp_path: Path) -> None:
+    ev = dataclasses.replace(_eval(tmp_path, {"sft": 0.45, TRAINED: 0.45}), policy_selection={
+        "selection": "best", "metric": "dev_em", "selected_step": 0, "selected_value": 0.46,
+        "last_step": 10, "last_value": 0.41, "stopped_early": True})
+    _, report = build_gate(_config(), ev, gold_pairs=500, stages=STAGES, training_curve={})
+    assert report.policy_selection.startswith(
+        "Evaluated and registered on GO: the start policy, step 0 (dev_em 0.460), because no "
+        "step's dev evaluation beat it; the last step was step 10 (dev_em 0.410)")
+
+
 def test_the_report_says_when_training_stopped_early(tmp_path: Path) -> None:
     ev = dataclasses.replace(_eval(tmp_path, {"sft": 0.3, TRAINED: 0.6}), policy_selection={
         "selection": "best", "metric": "dev_em", "selected_step": 60, "selected_value": 0.633,

@@ -400,6 +400,10 @@ def selection_sentence(selection: Mapping[str, Any]) -> str:
     if selection.get("stopped_early"):
         last += (", where training stopped early (train.early_stop_patience dev evaluations "
                  "in a row without a new best)")
+    if selection.get("selection") == "best" and selection.get("selected_step") == 0:
+        return (f"Evaluated and registered on GO: the start policy, "
+                f"{at(0, selection.get('selected_value'))}, because no step's dev evaluation "
+                f"beat it; the last step was {last}.")
     if selection.get("selection") == "best":
         return (f"Evaluated and registered on GO: the best dev checkpoint by {metric}, "
                 f"{at(selection.get('selected_step'), selection.get('selected_value'))}; "
@@ -474,6 +478,10 @@ class TrainingSteps:
             return Check("training", False, f"training changed nothing: all {self.steps} steps "
                                             f"were skipped ({self._causes()}); the evaluated "
                                             "policy is the cold-start policy")
+        if self.changed_nothing and self.selected_step == 0:
+            return Check("training", False, "training changed nothing: no dev evaluation "
+                                            "beat the start's, so the evaluated policy is the "
+                                            "cold-start policy (step 0)")
         if self.changed_nothing:
             return Check("training", False, f"training changed nothing: the evaluated policy "
                                             f"(step {self.selected_step}) is the cold-start "
@@ -508,7 +516,8 @@ def training_steps(path: str | Path | None, selected_step: int | None) -> Traini
     by_step: dict[int, dict[str, Any]] = {}
     for row in _metric_rows(path):
         step = row.get("step")
-        if isinstance(step, int | float) and math.isfinite(step):
+        # step 0 is the start's dev evaluation (train.keep_best), not a training step
+        if isinstance(step, int | float) and math.isfinite(step) and step >= 1:
             by_step[int(step)] = row  # a resumed run rewrites its history: the last row wins
     skipped = {s: row for s, row in by_step.items() if row.get("skipped") == 1}
     nonfinite = sum(1 for row in skipped.values() if _positive(row.get("groups_used")))

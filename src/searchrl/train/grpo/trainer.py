@@ -133,7 +133,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
         best_policy/     train.keep_best: the best dev evaluation's policy + best.json
                          {step, metric, mode, value} (best/step_NNNNNN/ while training)
         checkpoints/     step_NNNNNN every `train.checkpoint_every` steps (+ at the end)
-        metrics.jsonl    one JSON line per step (rewritten atomically each step)
+        metrics.jsonl    one JSON line per step (rewritten atomically each step); under
+                         train.keep_best a step-0 line first: the start's dev evaluation
         curve.png        the training curve
 
     Resumes from the newest verified checkpoint when `train.resume`. `stop_after` ends the
@@ -154,6 +155,8 @@ def train_grpo(config: PipelineConfig, train_examples: Sequence[QAExample], sear
     end = tcfg.steps if stop_after is None else min(tcfg.steps, state.start_step + stop_after)
     if selection.stopped_early(state.history):
         end = state.start_step  # resumed after an early stop: the run is over
+    if state.start_step == 0 and eval_examples and tcfg.eval_every and tcfg.keep_best:
+        evaluate_start(state, eval_examples)
     bar = tqdm(range(state.start_step, end), desc="grpo", disable=not (progress and state.lead),
                initial=state.start_step, total=tcfg.steps)
     for step in bar:
@@ -333,6 +336,20 @@ def evaluate(state: TrainerState, examples: Sequence[QAExample]) -> dict[str, fl
     """Greedy dev EM (overall as `dev_em`, and by hop count) for the learning curve."""
     ev = greedy_eval(examples, state.generator, state.searcher, state.config, state.rollout_fn)
     return {f"dev_{k}": v for k, v in ev.items()} | {"dev_em": ev["em_all"]}
+
+
+def evaluate_start(state: TrainerState, examples: Sequence[QAExample]) -> None:
+    """The start policy is a candidate too (train.keep_best): its dev evaluation is step 0's,
+    a row of metrics.jsonl without training figures, and its policy best/step_000000. When no
+    step beats it, the start is handed on (training changed nothing, and the gate says so)
+    rather than the best of policies that are all worse on dev than where RL began."""
+    metrics = evaluate(state, examples) if state.lead else {}
+    metrics |= selection.keep_if_best(state, 0, metrics)
+    state.sink.log_metrics(metrics, step=0)
+    state.history.append({"step": 0, **metrics})
+    if state.lead:
+        atomic_write_text(state.metrics_path,
+                          "".join(json.dumps(h) + "\n" for h in state.history))
 
 
 def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,
