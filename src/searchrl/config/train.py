@@ -156,8 +156,10 @@ class TrainConfig(Section):
     eval_questions: Annotated[int, _RESUMABLE] = Field(60, ge=1)
     # Keep the policy of the best dev evaluation (`best_policy/`, carried across resumes) and
     # hand that one to evaluation and the registry instead of the last step's: a run whose dev
-    # metric peaks mid-way is then judged on its peak. `select_metric` is a key the dev
-    # evaluation logs (dev_em, dev_em_hop2, dev_searches_all, ...); ties keep the earlier step.
+    # metric peaks mid-way is then judged on its peak. The start policy is evaluated first
+    # (step 0) and is a candidate: when no step beats it, the start is handed on and the gate
+    # says training changed nothing. `select_metric` is a key the dev evaluation logs (dev_em,
+    # dev_em_hop2, dev_searches_all, ...); ties keep the earlier step.
     keep_best: Annotated[bool, _RESUMABLE] = False
     select_metric: Annotated[str, _RESUMABLE] = "dev_em"
     select_mode: Annotated[Literal["max", "min"], _RESUMABLE] = "max"
