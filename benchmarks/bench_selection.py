@@ -10,8 +10,8 @@ early stopping, and a checkpoint kept every 5 steps (a finished run under --work
 run again); then every checkpoint's greedy answers on dev and test (cached in
 `<run>/selection.json`, keyed by checkpoint). Rules: the trainer's dev evaluation as it was
 (the first `train.eval_questions` dev questions, steps only, early stop after 2 without a new
-best), with the start as a candidate (the trainer now), the same on the whole dev split, the
-last step, and the checkpoint best on test (an oracle, for scale). For each: the step picked,
+best), with the start as a candidate (the trainer now), each without early stopping and on the
+whole dev split, the last step, and the checkpoint best on test (an oracle, for scale). For each: the step picked,
 its dev gain over the start as the rule saw it, and its test EM against the start's (paired).
 Tuning worlds only: this chooses how to select.
 """
@@ -105,6 +105,8 @@ def table(world: int, answers: Answers, dev_ids: list[str], eval_questions: int)
             (few, pick(few, with_start=False, patience=PATIENCE)),
         f"dev {eval_questions}, the start a candidate (the trainer now)":
             (few, pick(few, with_start=True, patience=PATIENCE)),
+        f"dev {eval_questions}, the start a candidate, no early stop":
+            (few, pick(few, with_start=True, patience=0)),
         f"dev {len(dev_ids)}, the start a candidate":
             (whole, pick(whole, with_start=True, patience=PATIENCE)),
         f"dev {len(dev_ids)}, the start a candidate, no early stop":
