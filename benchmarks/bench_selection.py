@@ -11,8 +11,9 @@ run again); then every checkpoint's greedy answers on dev and test (cached in
 `<run>/selection.json`, keyed by checkpoint). Rules: the trainer's dev evaluation as it was
 (the first `train.eval_questions` dev questions, steps only, early stop after 2 without a new
 best), with the start as a candidate (the trainer now), each without early stopping and on the
-whole dev split, the last step, and the checkpoint best on test (an oracle, for scale). For each: the step picked,
-its dev gain over the start as the rule saw it, and its test EM against the start's (paired).
+whole dev split, the last step, and the checkpoint best on test (an oracle, for scale). For
+each: the step picked, its dev gain over the start as the rule saw it, and its test EM against
+the start's (paired).
 Tuning worlds only: this chooses how to select.
 """
 
