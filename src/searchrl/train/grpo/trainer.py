@@ -345,11 +345,7 @@ def evaluate_start(state: TrainerState, examples: Sequence[QAExample]) -> None:
     rather than the best of policies that are all worse on dev than where RL began."""
     metrics = evaluate(state, examples) if state.lead else {}
     metrics |= selection.keep_if_best(state, 0, metrics)
-    state.sink.log_metrics(metrics, step=0)
-    state.history.append({"step": 0, **metrics})
-    if state.lead:
-        atomic_write_text(state.metrics_path,
-                          "".join(json.dumps(h) + "\n" for h in state.history))
+    record(state, 0, metrics)
 
 
 def greedy_eval(examples: Sequence[QAExample], generator: Generator, searcher: Searcher,
@@ -377,8 +373,14 @@ def log_step(state: TrainerState, step: int, metrics: dict[str, float], *,
     """Send the step's metrics to the sink and (rank 0) rewrite metrics.jsonl."""
     metrics["step_seconds"] = seconds
     metrics["lr"] = float(state.engine.get_lr()[0])
-    state.sink.log_metrics(metrics, step=step + 1)
-    state.history.append({"step": step + 1, **metrics})
+    record(state, step + 1, metrics)
+
+
+def record(state: TrainerState, done: int, metrics: dict[str, float]) -> None:
+    """Send the metrics of step `done` (0: the start's evaluation) to the sink, add them to
+    the history and (rank 0) rewrite metrics.jsonl."""
+    state.sink.log_metrics(metrics, step=done)
+    state.history.append({"step": done, **metrics})
     if state.lead:
         atomic_write_text(state.metrics_path,
                           "".join(json.dumps(h) + "\n" for h in state.history))
