@@ -268,14 +268,17 @@ def log_policy_model(uri: str, run_id: str, policy_dir: Path,
 
 def logged_policy_model(uri: str, run_id: str) -> str | None:
     """The URI of the MLflow model `log_policy_model` logged under run `run_id` (the training
-    stage's selected policy), None when that run logged none (an untracked training)."""
+    stage's selected policy), None when that run logged none (an untracked training);
+    TrackingError when the store does not answer."""
     client = MlflowClient(tracking_uri=uri)
     try:
         listed = {f.path for f in client.list_artifacts(run_id, _POLICY_ARTIFACT)}
         if f"{_POLICY_ARTIFACT}/MLmodel" not in listed:
             return None
         return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{_POLICY_ARTIFACT}"
-    except mlflow.exceptions.MlflowException:
+    except mlflow.exceptions.MlflowException as exc:
+        _raise_unless_absent(exc, f"run {run_id}: the store {uri} did not answer whether it "
+                                  "logged a policy")
         return None
 
 
@@ -570,7 +573,9 @@ def was_rolled_back(tags: Mapping[str, str]) -> bool:
 def version_with_weights(uri: str, name: str, digest: str, policy_dir: Path | None = None
                          ) -> tuple[str, dict[str, str]] | None:
     """(version, tags) of the newest version of `name` registered with weights `digest`
-    (WEIGHTS_TAG), None when none is (or the model does not exist).
+    (WEIGHTS_TAG), None when none is (or the model does not exist); TrackingError when the
+    registry does not answer (read as "none", the champion's weights would be registered again
+    as a new version that no alias protects).
 
     With `policy_dir` (the candidate whose digest `digest` is): an aliased version registered
     before the tag existed (champion, previous-champion, challenger: the ones a re-run's
@@ -578,10 +583,11 @@ def version_with_weights(uri: str, name: str, digest: str, policy_dir: Path | No
     when it was logged, so their bytes may differ), and stamped with `digest` when equal: the
     first re-run after the upgrade does not register the champion again."""
     client = MlflowClient(tracking_uri=uri)
-    try:
+    try:  # a model that does not exist has no versions: [], not an error
         versions = client.search_model_versions(f"name = '{name}'")
-    except mlflow.exceptions.MlflowException:
-        return None
+    except mlflow.exceptions.MlflowException as exc:
+        raise TrackingError(f"model {name!r}: the registry of {uri} did not answer which "
+                            f"versions hold weights {digest[:12]} ({exc})") from exc
     stamped = {str(v.version): dict(v.tags) for v in versions if WEIGHTS_TAG in v.tags}
     unstamped = [v for v in versions if WEIGHTS_TAG not in v.tags]
     if (policy_dir is not None and unstamped
@@ -656,11 +662,15 @@ def _refuse_unreadable(name: str, version: str, tags: Mapping[str, str]) -> None
 
 def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
     """The version `alias` points at (`version`, `run_id`, `source`), or None when the model
-    or the alias does not exist (its tags: `model_version_tags`)."""
+    or the alias does not exist (its tags: `model_version_tags`). TrackingError when the
+    registry does not answer: read as "no champion", a store's hiccup would drop the champion
+    from the evaluation and let the gate promote without comparing with it."""
     client = MlflowClient(tracking_uri=uri)
     try:
         mv = client.get_model_version_by_alias(name, alias)
-    except mlflow.exceptions.MlflowException:
+    except mlflow.exceptions.MlflowException as exc:
+        _raise_unless_absent(exc, f"model {name!r}: the registry of {uri} did not answer for "
+                                  f"alias {alias!r}")
         return None
     return {"version": str(mv.version), "run_id": str(mv.run_id or ""),
             "source": str(mv.source)}

@@ -4,6 +4,7 @@ loadable as an MLflow transformers model (`models:/<name>@champion`) that genera
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import mlflow.transformers
@@ -18,13 +19,16 @@ from searchrl.tracking import (
     PREVIOUS,
     WEIGHTS_TAG,
     RegistryError,
+    TrackingError,
     download_registered_policy,
+    logged_policy_model,
     model_version_tags,
     promote,
     register_policy,
     registered_policy,
     rollback,
     start_parent_run,
+    version_with_weights,
     weights_digest,
 )
 from tests.helpers import fresh_mlflow_uri, save_tiny_policy
@@ -129,3 +133,32 @@ def test_a_version_in_a_policy_format_this_release_does_not_read_is_refused_by_n
     client.delete_model_version_tag("m", str(version), FORMAT_TAG)
     got = download_registered_policy(uri, "m", "champion", tmp_path / "old")
     assert got is not None and (got / "config.json").is_file()
+
+
+def test_a_registry_that_does_not_answer_is_never_read_as_no_champion(
+        tmp_path: Path, policy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Absent is None; unanswered is TrackingError. Read as "no champion", a store's hiccup
+    at evaluation would drop the champion from the comparison and let the gate promote
+    without it; read as "no version holds these weights", the champion would be registered
+    again."""
+    uri = fresh_mlflow_uri(tmp_path)
+    run = start_parent_run(uri, "exp", "gate", {})
+    register_policy(uri, run.run_id, policy, "policy-x", CHALLENGER)
+    assert registered_policy(uri, "policy-x", "champion") is None  # the model, not the alias
+    assert version_with_weights(uri, "policy-y", weights_digest(policy), policy) is None
+    assert logged_policy_model(uri, run.run_id) is not None
+    # An MLflow server that does not answer: nothing listens on its port.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(TrackingError, match=r"policy-x.*did not answer for alias 'champion'"):
+        registered_policy(dead, "policy-x", "champion")
+    with pytest.raises(TrackingError, match="did not answer"):
+        download_registered_policy(dead, "policy-x", "champion", tmp_path / "dl")
+    assert not (tmp_path / "dl").exists()
+    with pytest.raises(TrackingError, match=r"policy-x.*did not answer which versions"):
+        version_with_weights(dead, "policy-x", weights_digest(policy), policy)
+    with pytest.raises(TrackingError, match="did not answer whether it logged a policy"):
+        logged_policy_model(dead, run.run_id)
