@@ -374,6 +374,7 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
         evaluated = load_eval_result(evaluation.results_path)
         refuse_search_failures(evaluated, evaluation.results_path)
         tracked = sink.tracking_uri is not None and sink.run_id is not None
+        finished = _finish_promotion(config, sink.tracking_uri) if tracked else None
         champion = _current_champion(config, sink.tracking_uri) if tracked else None
         plan = _plan_promotion(config, sink.tracking_uri, checkpoint, champion) if tracked \
             else _Promotion(blocked=_FROZEN if config.gate.freeze_promotions else None)
@@ -395,7 +396,10 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
             sink.set_tags(_register_candidate(config, dataset, checkpoint, evaluation,
                                               outcome.figures, go=result.go, sink=sink,
                                               plan=plan))
-        if (result.go and plan.blocked is None and dataset.digest_dir
+        # The retry of a gate the store interrupted mid-promotion keeps its gold set, as the
+        # uninterrupted gate would have.
+        promoted = plan.blocked is None or (finished is not None and finished == plan.existing)
+        if (result.go and promoted and dataset.digest_dir
                 and Path(dataset.digest_dir).is_dir()):
             # The champion's gold set: what the next validation's drift is measured against.
             keep_digest(Path(dataset.digest_dir), history_dir(config.run.work_dir) / "champion")
@@ -404,6 +408,14 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
             report_md=str(outcome.md_path), figures=outcome.figures,
             files=files_of(outcome.html_path, outcome.md_path, outcome.decision_path),
             mlflow_run_id=sink.run_id), out_dir)
+
+
+def _finish_promotion(config: PipelineConfig, uri: str | None) -> str | None:
+    """Finish a promotion the store interrupted (an earlier gate's GO) before this gate reads
+    the champion; the version it promoted (None: none was pending)."""
+    from searchrl.tracking import finish_promotion
+
+    return None if uri is None else finish_promotion(uri, config.registry_model_name)
 
 
 def _current_champion(config: PipelineConfig, uri: str | None) -> str | None:

@@ -310,7 +310,8 @@ def register_policy(uri: str, run_id: str, policy_dir: Path, name: str, alias: s
     source = logged_model or log_policy_model(uri, run_id, policy_dir)
     try:
         client.get_registered_model(name)
-    except mlflow.exceptions.MlflowException:
+    except mlflow.exceptions.MlflowException as exc:
+        _raise_unless_absent(exc, f"model {name!r}: the registry of {uri} did not answer")
         client.create_registered_model(name)
     stamped = {**(tags or {}), FORMAT_TAG: str(POLICY_FORMAT),
                WEIGHTS_TAG: weights_digest(policy_dir)}
@@ -341,7 +342,14 @@ def promote(uri: str, name: str, version: str, alias: str = "champion",
     """Point `alias` at `version`, keeping the version it replaces as `previous_alias` (and
     on the new version's `previous_champion_version` tag); return the replaced version.
     RegistryError while a rollback of `name` is unfinished (it would move the champion
-    under it): finish the rollback first."""
+    under it): finish the rollback first.
+
+    Converges as `rollback` does: the intent (to, replaced, time) is written on the registered
+    model first (PROMOTION_INTENT_TAG), then the new version is tagged, then the aliases move,
+    then the intent is removed. A promotion the store interrupted (TrackingError) is finished
+    by `finish_promotion`, which the next gate run, `promote` and `rollback` call first: the
+    end state is the uninterrupted one's, and no version is left half-promoted (aliases moved
+    without its record, or a `previous_alias` equal to the champion)."""
     client = MlflowClient(tracking_uri=uri)
     pending = _pending_rollback(client, name)
     if pending is not None:
@@ -350,15 +358,69 @@ def promote(uri: str, name: str, version: str, alias: str = "champion",
             f"started at {pending['at']} and did not finish; no promotion moves the champion "
             "under it: re-run `python -m searchrl rollback --reason TEXT` to finish it, then "
             "re-run the gate")
+    _finish_promotion(client, name)
     current = _alias_version(client, name, alias)
     replaced = current if current is not None and current != version else None
-    if replaced is not None:
-        client.set_registered_model_alias(name, previous_alias, replaced)
-        client.set_model_version_tag(name, version, PREVIOUS_TAG, replaced)
-    client.set_registered_model_alias(name, alias, version)
-    client.set_model_version_tag(name, version, "promoted_at", _now())
-    client.set_model_version_tag(name, version, STATE_TAG, PROMOTED)
+    intent = {"to": version, "replaced": replaced or "", "alias": alias,
+              "previous_alias": previous_alias, "at": _now()}
+    _step(name, lambda: client.set_registered_model_tag(name, PROMOTION_INTENT_TAG,
+                                                        json.dumps(intent)),
+          "record the promotion's intent", kind="promotion")
+    _carry_out_promotion(client, name, intent)
     return replaced
+
+
+# On the registered model while a promotion is under way (JSON: to, replaced, alias,
+# previous_alias, at), written before anything moves and removed when all is done.
+PROMOTION_INTENT_TAG = "searchrl.promotion_intent"
+
+
+def finish_promotion(uri: str, name: str) -> str | None:
+    """Finish a promotion of `name` the store interrupted (its gate decided it); returns the
+    version promoted, None when none was pending."""
+    return _finish_promotion(MlflowClient(tracking_uri=uri), name)
+
+
+def _finish_promotion(client: MlflowClient, name: str) -> str | None:
+    try:
+        raw = client.get_registered_model(name).tags.get(PROMOTION_INTENT_TAG)
+    except mlflow.exceptions.MlflowException as exc:
+        _raise_unless_absent(exc, f"model {name!r}: the registry did not answer")
+        return None
+    if not raw:
+        return None
+    intent = {k: str(v) for k, v in json.loads(raw).items()}
+    if _version_tags(client, name, intent["to"]) is None:  # deleted since by hand
+        log.warning("model %s: an unfinished promotion of version %s is dropped: that version "
+                    "no longer exists", name, intent["to"])
+        _step(name, lambda: client.delete_registered_model_tag(name, PROMOTION_INTENT_TAG),
+              "drop the promotion's intent", kind="promotion")
+        return None
+    _carry_out_promotion(client, name, intent)
+    return intent["to"]
+
+
+def _carry_out_promotion(client: MlflowClient, name: str, intent: Mapping[str, str]) -> None:
+    """The steps of the promotion `intent`, in order; each sets what it sets, so a repeat
+    after an interruption changes nothing already done. The champion alias moves last but
+    one: until then the registry reads as before the promotion."""
+    to, replaced, alias = intent["to"], intent["replaced"], intent["alias"]
+    steps: list[tuple[str, Any]] = []
+    if replaced:
+        steps.append((f"record version {replaced} as version {to}'s predecessor",
+                      lambda: client.set_model_version_tag(name, to, PREVIOUS_TAG, replaced)))
+    steps.append((f"mark version {to} promoted", lambda: _set_version_tags(
+        client, name, to, {"promoted_at": intent["at"], STATE_TAG: PROMOTED})))
+    if replaced:
+        steps.append((f"point {intent['previous_alias']!r} at version {replaced}",
+                      lambda: client.set_registered_model_alias(
+                          name, intent["previous_alias"], replaced)))
+    steps += [(f"point {alias!r} at version {to}",
+               lambda: client.set_registered_model_alias(name, alias, to)),
+              ("close the promotion",
+               lambda: client.delete_registered_model_tag(name, PROMOTION_INTENT_TAG))]
+    for what, step in steps:
+        _step(name, step, what, kind="promotion")
 
 
 # A version's latest registry event, written with the event: what `was_rolled_back` reads
@@ -399,6 +461,7 @@ def rollback(uri: str, name: str, reason: str, alias: str = "champion",
         raise RegistryError("rollback needs a reason (--reason TEXT): it is recorded on the "
                             "registry")
     client = MlflowClient(tracking_uri=uri)
+    _finish_promotion(client, name)  # the champion rolled back from is the promoted one
     pending = _pending_rollback(client, name)
     if pending is not None and _version_tags(client, name, pending["to"]) is None:
         client.delete_registered_model_tag(name, INTENT_TAG)
@@ -491,14 +554,21 @@ def _carry_out(client: MlflowClient, name: str, alias: str, previous_alias: str,
             **({"note": intent["note"]} if intent.get("note") else {})}
 
 
-def _step(name: str, step: Any, what: str = "record the rollback's intent") -> None:
+# How to finish each kind of registry change the store interrupted.
+_RETRY = {"rollback": "re-run `python -m searchrl rollback` (plain, or with the same --to) to "
+                      "finish it",
+          "promotion": "re-run the gate (the pipeline, or `python -m searchrl gate`): it "
+                       "finishes this promotion before it decides"}
+
+
+def _step(name: str, step: Any, what: str = "record the rollback's intent",
+          kind: str = "rollback") -> None:
     try:
         step()
     except mlflow.exceptions.MlflowException as exc:
         raise TrackingError(
-            f"model {name!r}: the rollback stopped at '{what}' ({exc}); the registry records "
-            "what it was doing: re-run `python -m searchrl rollback` (plain, or with the same "
-            "--to) to finish it") from exc
+            f"model {name!r}: the {kind} stopped at '{what}' ({exc}); the registry records "
+            f"what it was doing: {_RETRY[kind]}") from exc
 
 
 def _set_version_tags(client: MlflowClient, name: str, version: str,

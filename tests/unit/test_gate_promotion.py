@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
+import mlflow
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -25,12 +27,17 @@ from searchrl.stages import STAGES, StageInputError, decide_go_no_go
 from searchrl.tracking import (
     CHALLENGER,
     PREVIOUS,
+    PREVIOUS_TAG,
+    PROMOTION_INTENT_TAG,
+    STATE_TAG,
     WEIGHTS_TAG,
     MlflowSink,
+    TrackingError,
     download_registered_policy,
     log_policy_model,
     model_version_tags,
     registered_policy,
+    rollback,
     start_parent_run,
     weights_digest,
 )
@@ -327,3 +334,103 @@ def test_a_champion_registered_before_weights_sha256_is_recognised_by_a_rerun(
     assert [v.version for v in client.search_model_versions("name = 'searchrl-world-b'")] == [1]
     assert "weights are the champion's (registered version 1)" in _report_notes(tmp_path)
     assert model_version_tags(uri, "searchrl-world-b", "1")[WEIGHTS_TAG] == digest  # stamped
+
+
+# The registry writes a gate's registration and promotion make (what the store can fail at).
+WRITES = ("create_registered_model", "create_model_version", "set_model_version_tag",
+          "set_registered_model_alias", "delete_registered_model_alias",
+          "set_registered_model_tag", "delete_registered_model_tag")
+
+
+def _registry(uri: str) -> dict[str, Any]:
+    """Aliases, and each version's decision and promotion record (provenance tags such as
+    run ids and fingerprints name the gate run that registered it, and differ)."""
+    client = MlflowClient(tracking_uri=uri)
+    model = client.get_registered_model("searchrl-world-b")
+    kept = ("decision", STATE_TAG, PREVIOUS_TAG, WEIGHTS_TAG)
+    return {"aliases": {k: str(v) for k, v in model.aliases.items()},
+            "model": dict(model.tags),
+            "versions": {str(v.version): {k: v.tags.get(k) for k in kept}
+                         | {"promoted": "promoted_at" in v.tags}
+                         for v in client.search_model_versions("name = 'searchrl-world-b'")}}
+
+
+def _go_over_champion(tmp: Path, policy: Path, fail_at: int | None) -> tuple[str, list[str]]:
+    """Champion version 1 (gate a), then gate b's GO with the store failing at registry write
+    `fail_at` (None: never), then gate b again on the same weights (the scheduler's retry).
+    Returns the store and the writes gate b's first run made."""
+    uri = fresh_mlflow_uri(tmp)
+    config = _config(tmp, uri)
+    _gate(tmp, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
+    made: list[str] = []
+
+    def failing(method: str, real: Any) -> Any:
+        def write(self: MlflowClient, *args: Any, **kwargs: Any) -> Any:
+            made.append(method)
+            if len(made) == fail_at:
+                raise mlflow.exceptions.MlflowException(f"injected: {method} failed")
+            return real(self, *args, **kwargs)
+        return write
+
+    accs = {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.7}
+    with pytest.MonkeyPatch.context() as patch:
+        for method in WRITES:
+            patch.setattr(MlflowClient, method, failing(method, getattr(MlflowClient, method)))
+        if fail_at is None:
+            _gate(tmp, config, uri, policy, accs, "b")
+        else:
+            with pytest.raises((TrackingError, mlflow.exceptions.MlflowException),
+                               match="injected"):
+                _gate(tmp, config, uri, policy, accs, "b")
+    _gate(tmp, config, uri, policy, accs, "b-retry", weights="b")
+    return uri, made
+
+
+def test_a_promotion_interrupted_at_any_write_is_finished_by_the_retried_gate(
+        tmp_path: Path) -> None:
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    reference, writes = _go_over_champion(tmp_path / "reference", policy, None)
+    expected = _registry(reference)
+    assert expected["aliases"] == {"champion": "2", PREVIOUS: "1", CHALLENGER: "2"}
+    assert expected["versions"]["2"][PREVIOUS_TAG] == "1"
+    assert expected["versions"]["2"]["promoted"] and PROMOTION_INTENT_TAG not in \
+        expected["model"]
+    assert len(writes) >= 6
+    for k in range(1, len(writes) + 1):
+        uri, _ = _go_over_champion(tmp_path / f"fails-at-{k}", policy, k)
+        assert _registry(uri) == expected, f"interrupted at write {k}: {writes[k - 1]}"
+        # The champion's gold set is the promoted candidate's, as without the interruption.
+        assert _champion_digest(_config(tmp_path / f"fails-at-{k}", uri)) == "b-retry", k
+
+
+def test_a_rollback_after_an_interrupted_promotion_finishes_it_then_rolls_it_back(
+        tmp_path: Path) -> None:
+    """Between the interruption and the retry an operator rolls back: the promotion the gate
+    decided is finished first (never a previous-champion equal to the champion), then undone."""
+    policy = save_tiny_policy(["who is the mayor of paris"], tmp_path / "policy")
+    _, writes = _go_over_champion(tmp_path / "count", policy, None)
+    alias_moves = [k for k, w in enumerate(writes, 1) if w == "set_registered_model_alias"]
+    uri = fresh_mlflow_uri(tmp_path / "store")
+    config = _config(tmp_path / "store", uri)
+    _gate(tmp_path / "store", config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
+    with pytest.MonkeyPatch.context() as patch:
+        real = MlflowClient.set_registered_model_alias
+        seen: list[str] = []
+
+        def alias(self: MlflowClient, name: str, alias: str, version: str) -> None:
+            seen.append(alias)
+            if alias == "champion":  # the store goes away as the champion is to move
+                raise mlflow.exceptions.MlflowException("injected: alias failed")
+            real(self, name, alias, version)
+
+        patch.setattr(MlflowClient, "set_registered_model_alias", alias)
+        with pytest.raises(TrackingError, match=r"promotion stopped .*re-run the gate"):
+            _gate(tmp_path / "store", config, uri, policy,
+                  {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.7}, "b")
+    assert len(alias_moves) >= 2 and seen[-2:] == [PREVIOUS, "champion"]
+    assert (_alias(uri, "champion"), _alias(uri, PREVIOUS)) == ("1", "1")  # mid-promotion
+    done = rollback(uri, "searchrl-world-b", "bad answers")
+    assert (done["from_version"], done["to_version"]) == ("2", "1")
+    assert _alias(uri, "champion") == "1" and _alias(uri, PREVIOUS) is None
+    tags = model_version_tags(uri, "searchrl-world-b", "2")
+    assert tags[STATE_TAG] == "rolled_back" and tags["rolled_back_reason"] == "bad answers"
