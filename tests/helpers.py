@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import psutil
 import uvicorn
@@ -116,3 +117,33 @@ def _in_group(p: psutil.Process, pgid: int) -> bool:
         return os.getpgid(p.pid) == pgid
     except (ProcessLookupError, psutil.Error):
         return False
+
+
+# The writes a registry change makes through MlflowClient (what a store can fail at).
+REGISTRY_WRITES = ("create_registered_model", "create_model_version", "set_model_version_tag",
+                   "set_registered_model_alias", "delete_registered_model_alias",
+                   "set_registered_model_tag", "delete_registered_model_tag")
+
+
+@contextlib.contextmanager
+def registry_fails_at(k: int | None) -> Iterator[list[str]]:
+    """The k-th registry write (1-based; None or 0: none) raises MlflowException, as a store
+    that went away would; yields the writes made (their method names), counting every one."""
+    import mlflow
+    import pytest
+    from mlflow import MlflowClient
+
+    made: list[str] = []
+
+    def failing(method: str, real: Any) -> Any:
+        def write(self: MlflowClient, *args: Any, **kwargs: Any) -> Any:
+            made.append(method)
+            if len(made) == k:
+                raise mlflow.exceptions.MlflowException(f"injected: {method} failed")
+            return real(self, *args, **kwargs)
+        return write
+
+    with pytest.MonkeyPatch.context() as patch:
+        for method in REGISTRY_WRITES:
+            patch.setattr(MlflowClient, method, failing(method, getattr(MlflowClient, method)))
+        yield made

@@ -44,7 +44,7 @@ from searchrl.tracking import (
 from searchrl.train.start import fetch_champion_start
 from searchrl.types import CheckpointRef, DatasetRef, EvalRef
 from searchrl.validation.drift import history_dir
-from tests.helpers import fresh_mlflow_uri, save_tiny_policy
+from tests.helpers import fresh_mlflow_uri, registry_fails_at, save_tiny_policy
 from tests.unit.test_gate_report import _eval
 
 GATE = {"gpu_price_per_hour": 2.0, "production_queries_per_month": 100_000,
@@ -336,12 +336,6 @@ def test_a_champion_registered_before_weights_sha256_is_recognised_by_a_rerun(
     assert model_version_tags(uri, "searchrl-world-b", "1")[WEIGHTS_TAG] == digest  # stamped
 
 
-# The registry writes a gate's registration and promotion make (what the store can fail at).
-WRITES = ("create_registered_model", "create_model_version", "set_model_version_tag",
-          "set_registered_model_alias", "delete_registered_model_alias",
-          "set_registered_model_tag", "delete_registered_model_tag")
-
-
 def _registry(uri: str) -> dict[str, Any]:
     """Aliases, and each version's decision and promotion record (provenance tags such as
     run ids and fingerprints name the gate run that registered it, and differ)."""
@@ -362,20 +356,8 @@ def _go_over_champion(tmp: Path, policy: Path, fail_at: int | None) -> tuple[str
     uri = fresh_mlflow_uri(tmp)
     config = _config(tmp, uri)
     _gate(tmp, config, uri, policy, {"retrieve_once": 0.2, TRAINED: 0.6}, "a")
-    made: list[str] = []
-
-    def failing(method: str, real: Any) -> Any:
-        def write(self: MlflowClient, *args: Any, **kwargs: Any) -> Any:
-            made.append(method)
-            if len(made) == fail_at:
-                raise mlflow.exceptions.MlflowException(f"injected: {method} failed")
-            return real(self, *args, **kwargs)
-        return write
-
     accs = {"retrieve_once": 0.2, "champion": 0.6, TRAINED: 0.7}
-    with pytest.MonkeyPatch.context() as patch:
-        for method in WRITES:
-            patch.setattr(MlflowClient, method, failing(method, getattr(MlflowClient, method)))
+    with registry_fails_at(fail_at) as made:
         if fail_at is None:
             _gate(tmp, config, uri, policy, accs, "b")
         else:

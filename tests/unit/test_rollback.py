@@ -10,12 +10,9 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import pytest
 from mlflow import MlflowClient
 
@@ -31,12 +28,9 @@ from searchrl.tracking import (
     rollback,
     was_rolled_back,
 )
-from tests.helpers import fresh_mlflow_uri
+from tests.helpers import fresh_mlflow_uri, registry_fails_at
 
 NAME = "m"
-# The registry writes a rollback makes (what the store can fail at).
-WRITES = ("set_registered_model_tag", "delete_registered_model_tag", "set_model_version_tag",
-          "set_registered_model_alias", "delete_registered_model_alias")
 
 
 def _promoted(directory: Path, versions: int = 3) -> str:
@@ -57,27 +51,6 @@ def _copy(uri: str, directory: Path) -> str:
     return f"sqlite:///{directory / 'mlflow.db'}"
 
 
-@contextmanager
-def _store_fails_at(k: int) -> Iterator[list[str]]:
-    """The k-th registry write (1-based) raises, as a store that went away would; yields the
-    writes made (their method names)."""
-    made: list[str] = []
-    with pytest.MonkeyPatch.context() as patch:
-        for method in WRITES:
-            patch.setattr(MlflowClient, method, _failing(method, getattr(MlflowClient, method),
-                                                         made, k))
-        yield made
-
-
-def _failing(method: str, real: Any, made: list[str], k: int) -> Any:
-    def write(self: MlflowClient, *args: Any, **kwargs: Any) -> Any:
-        made.append(method)
-        if len(made) == k:
-            raise mlflow.exceptions.MlflowException(f"injected: {method} failed")
-        return real(self, *args, **kwargs)
-    return write
-
-
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 
 
@@ -96,7 +69,7 @@ def test_a_rollback_interrupted_at_any_step_is_finished_by_the_retry(
         tmp_path: Path, retry: str) -> None:
     base = _promoted(tmp_path / "base")  # champion 3, previous-champion 2 (whose is 1)
     reference = _copy(base, tmp_path / "reference")
-    with _store_fails_at(0) as writes:  # never fails: counts the steps
+    with registry_fails_at(0) as writes:  # never fails: counts the steps
         rollback(reference, NAME, "bad answers")
     expected = _end_state(reference)
     assert expected["aliases"] == {"champion": "2", PREVIOUS: "1"}
@@ -104,7 +77,7 @@ def test_a_rollback_interrupted_at_any_step_is_finished_by_the_retry(
     assert len(writes) >= 5
     for k in range(1, len(writes) + 1):
         uri = _copy(base, tmp_path / f"fails-at-{k}")
-        with _store_fails_at(k), pytest.raises(TrackingError, match=r"re-run .*rollback"):
+        with registry_fails_at(k), pytest.raises(TrackingError, match=r"re-run .*rollback"):
             rollback(uri, NAME, "bad answers")
         if k > 1:  # the intent is recorded: nothing moves the champion under it
             with pytest.raises(RegistryError, match="did not finish"):
