@@ -3,17 +3,25 @@ max-turn forcing, search errors, baselines modes, and no re-tokenisation drift."
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from searchrl.config import RewardConfig, RolloutConfig
 from searchrl.generation.base import GenerationOutput, SamplingParams
 from searchrl.models.tiny import train_tokenizer
 from searchrl.retrieval.base import SearchError
-from searchrl.rl.prompts import ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, build_prompt
+from searchrl.rl.prompts import (
+    ANSWER_OPEN,
+    INFO_CLOSE,
+    INFO_OPEN,
+    build_prompt,
+    format_passages,
+)
 from searchrl.rl.rollout import RetrieverFailedError, run_rollouts
 from searchrl.types import QAExample, SearchHit
 
@@ -275,18 +283,28 @@ def test_retrieve_once_inserts_question_hits_then_answers(tiny_tok: PreTrainedTo
     assert len(searcher.batches) == 1
 
 
-def test_information_is_truncated_and_response_budget_holds(tiny_tok: PreTrainedTokenizerBase
-                                                          ) -> None:
+def test_information_is_truncated_and_response_budget_holds(
+        tiny_tok: PreTrainedTokenizerBase, caplog: pytest.LogCaptureFixture) -> None:
     long_doc = " ".join(["Tornis is a city located in Veskia."] * 40)
     cfg = RolloutConfig(max_turns=5, max_new_tokens_per_turn=64, max_response_tokens=120,
                         info_token_budget=20, top_k=1)
     search = "<search> Drava Kell </search>"
-    gen = ScriptedGenerator(tiny_tok, {0: [search] * 6})
-    rec = run_rollouts([EX], gen, DictSearcher({"Drava Kell": long_doc}), cfg, RewardConfig(),
-                       group_size=1).records[0]
-    body_lengths = [e - s for k, s, e in rec.segments if k == "info"][1::3]
-    assert body_lengths and all(n <= 20 for n in body_lengths)
-    assert body_lengths[0] == 20
+    tok = copy.deepcopy(tiny_tok)
+    tok.model_max_length = 256  # more positions than the prompt, fewer than the passage
+    gen = ScriptedGenerator(tok, {0: [search] * 6})
+    hf_logging.enable_propagation()  # transformers' warnings, to caplog
+    try:
+        rec = run_rollouts([EX], gen, DictSearcher({"Drava Kell": long_doc}), cfg,
+                           RewardConfig(), group_size=1).records[0]
+    finally:
+        hf_logging.disable_propagation()
+    # Cut before the model sees it: no "will result in indexing errors" for the user.
+    assert "indexing errors" not in caplog.text
+    bodies = [rec.response_ids[s:e] for k, s, e in rec.segments if k == "info"][1::3]
+    assert bodies and all(len(b) <= 20 for b in bodies)
+    whole = _ids(tiny_tok, format_passages([SearchHit("doc:Drava Kell", "Drava Kell", long_doc,
+                                                      1.0)]))
+    assert len(whole) > 256 and bodies[0] == whole[:20]
     assert len(rec.response_ids) <= 120
     assert rec.finish_reason == "token_budget"
 

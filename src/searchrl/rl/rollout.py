@@ -297,7 +297,11 @@ def _insert_information(s: _Sample, body: str, cfg: RolloutConfig, glue: _Glue) 
     if budget < 1:
         s.done, s.finish_reason = True, "token_budget"
         return
-    body_ids = list(glue.tokenizer(body, add_special_tokens=False)["input_ids"])[:budget]
+    # Cut by the tokenizer: the same first `budget` ids (checked on every passage of a tuning
+    # world and HotpotQA), without its warning that a passage longer than the model's
+    # positions "will result in indexing errors" (it never reaches the model whole).
+    body_ids = list(glue.tokenizer(body, add_special_tokens=False, truncation=True,
+                                   max_length=budget)["input_ids"])
     s.seq.append_context(glue.info_open, "info")
     s.seq.append_context(body_ids, "info")
     s.seq.append_context(glue.info_close, "info")
