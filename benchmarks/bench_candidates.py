@@ -82,9 +82,10 @@ def figures(work: Path, name: str) -> dict[str, Any]:
     steps = training_steps(run / "train_policy" / "metrics.jsonl",
                            train_ref.get("selected_step"))
     em = {s: systems[s]["summary"]["em"] for s in SYSTEMS if s in systems}
-    # The gate's comparator: the better of the SFT family (None when neither was evaluated).
-    best = max((s for s in ("sft", "rejection_sampling") if s in em),
-               key=lambda s: em[s]["mean"], default=None)
+    # The gate's comparator (gate.comparison_baseline "best": the stronger SFT-family system;
+    # "best" itself when neither was evaluated, and the gate failed closed).
+    decision = json.loads((run / "decide_go_no_go" / "decision.json").read_text())
+    best = decision["comparison_baseline"] if decision["comparison_baseline"] in em else None
     # The evaluation stage's own paired delta (trained - it), as the report quotes it.
     delta = results["deltas"][best] if best is not None else None
     seconds_file = work / f"{name}.seconds.json"

@@ -11,12 +11,16 @@ nothing here may be used to choose a setting. Tabulates per seed and over seeds:
 trained), format ok, and the paired EM delta of the trained policy against the best
 SFT-family system (the gate's comparator) overall and on the unseen-phrasing and
 answer-novel slices, against the scripted system, and the dev EM curve. A finished seed is
-not re-run (its copy under --work is read).
+not re-run: its figures under --work are read while they are the run's (its decision) made
+with this config; a seed whose effective config changed is run again (the pipeline reuses
+the stages the change leaves alone), and one re-run outside this script is read again from
+its run directory, its time then unknown ("-").
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -40,11 +44,13 @@ SYSTEMS = ("no_search", "retrieve_once", "scripted", "sft", "rejection_sampling"
 SLICES = ("unseen_phrasing", "answer_novel", "comparison")
 
 
+def _seed_overrides(seed: int, work: Path, extra: list[str]) -> list[str]:
+    return [f"run.seed={seed}", f"run.work_dir={work / f'seed{seed}'}",
+            f"tracking.tracking_uri=sqlite:///{(work / f'seed{seed}.db').resolve()}", *extra]
+
+
 def _run(config: str, seed: int, work: Path, extra: list[str]) -> float:
-    seed_dir = work / f"seed{seed}"
-    overrides = [f"run.seed={seed}", f"run.work_dir={seed_dir}",
-                 f"tracking.tracking_uri=sqlite:///{(work / f'seed{seed}.db').resolve()}",
-                 *extra]
+    overrides = _seed_overrides(seed, work, extra)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
            "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -81,8 +87,8 @@ def _figures(dest: Path) -> dict[str, Any]:
     decision = json.loads((dest / "decision.json").read_text())
     systems = results["systems"]
     em = {s: systems[s]["summary"]["em"] for s in SYSTEMS if s in systems}
-    best = max((s for s in ("sft", "rejection_sampling") if s in em),
-               key=lambda s: em[s]["mean"])
+    # The gate's comparator (gate.comparison_baseline "best": the stronger SFT-family system).
+    best = decision["comparison_baseline"]
     q = {s: read_question_results(dest / f"questions_{s}.jsonl") for s in em}
     curve = [(r["step"], r["dev_em"]) for r in
              (json.loads(x) for x in (dest / "metrics.jsonl").read_text().splitlines())
@@ -99,16 +105,51 @@ def _figures(dest: Path) -> dict[str, Any]:
             "seconds": json.loads((dest / "seconds.json").read_text())["seconds"]}
 
 
-def _collect(work: Path, seed: int, seconds: float) -> Path:
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _figures_key(config: str, seed: int, work: Path, extra: list[str]) -> dict[str, str]:
+    """What a seed's figures were collected from: the effective config and the run's
+    decision (a run re-run in place, with other code or data, decides anew)."""
+    effective = load_config(config, _seed_overrides(seed, work, extra)).to_dict()
+    decision = work / f"seed{seed}" / "decide_go_no_go" / "decision.json"
+    return {"config": _sha(json.dumps(effective, sort_keys=True, default=str).encode()),
+            "decision": _sha(decision.read_bytes()) if decision.is_file() else ""}
+
+
+def _collect(work: Path, seed: int, seconds: float | None, key: dict[str, str]) -> Path:
     src, dest = work / f"seed{seed}", work / f"figures_seed{seed}"
-    dest.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
     for name in ("results.json", *(f"questions_{s}.jsonl" for s in SYSTEMS)):
         if (src / "evaluate_policy" / name).is_file():
             shutil.copy(src / "evaluate_policy" / name, dest / name)
     shutil.copy(src / "decide_go_no_go" / "decision.json", dest / "decision.json")
     shutil.copy(src / "train_policy" / "metrics.jsonl", dest / "metrics.jsonl")
     (dest / "seconds.json").write_text(json.dumps({"seconds": seconds}))
+    (dest / "key.json").write_text(json.dumps(key))  # last: a half-collected dir is not read
     return dest
+
+
+def _figures_dir(config: str, seed: int, work: Path, extra: list[str]) -> Path:
+    """The seed's figures, run or re-collected when the recorded key is not this one."""
+    dest = work / f"figures_seed{seed}"
+    key = _figures_key(config, seed, work, extra)
+    recorded = json.loads((dest / "key.json").read_text()) if (dest / "key.json").is_file() \
+        else None
+    if recorded == key:
+        return dest
+    if recorded is None and key["decision"] and (dest / "decision.json").is_file():
+        # Collected before figures were keyed: its config is taken as this one's; its time
+        # stands while the copied decision is still the run's.
+        same = _sha((dest / "decision.json").read_bytes()) == key["decision"]
+        seconds = json.loads((dest / "seconds.json").read_text())["seconds"] if same else None
+        return _collect(work, seed, seconds, key)
+    if recorded is None or recorded["config"] != key["config"] or not key["decision"]:
+        seconds = _run(config, seed, work, extra)
+        return _collect(work, seed, seconds, _figures_key(config, seed, work, extra))
+    return _collect(work, seed, None, key)  # re-run outside this script: its time unknown
 
 
 def _ci(i: dict[str, float], signed: bool = False) -> str:
@@ -133,7 +174,8 @@ def _table(runs: dict[int, dict[str, Any]]) -> str:
             + " | ".join(f"{_ci(vs[s], True)} (n={vs[s]['n']})" for s in SLICES)
             + f" | {_ci(f['vs_scripted'], True) if f['vs_scripted'] else '-'} | {years} | "
             f"{curve} | "
-            f"{f['decision']} | {f['seconds']:.0f} |")
+            f"{f['decision']} | "
+            f"{'-' if f['seconds'] is None else format(f['seconds'], '.0f')} |")
     if runs:
         lines += ["", "| over seeds (mean [min, max]) | " + " | ".join(SYSTEMS) + " |",
                   "|---|" + "---|" * len(SYSTEMS)]
@@ -163,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     runs: dict[int, dict[str, Any]] = {}
     for seed in args.seeds:
-        dest = args.work / f"figures_seed{seed}"
-        if not (dest / "seconds.json").is_file():
-            _collect(args.work, seed, _run(args.config, seed, args.work, args.overrides))
-        runs[seed] = _figures(dest)
+        runs[seed] = _figures(_figures_dir(args.config, seed, args.work, args.overrides))
         print(f"seed {seed}: trained {runs[seed]['em']['trained']['mean']:.3f} "
               f"({runs[seed]['decision']})", flush=True)
     table = _table(runs)
