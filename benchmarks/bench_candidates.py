@@ -104,8 +104,7 @@ def figures(work: Path, name: str) -> dict[str, Any]:
                           for st in STAGES},
         "seconds": (json.loads(seconds_file.read_text())["seconds"]
                     if seconds_file.is_file() else None),
-        "decision": json.loads((run / "decide_go_no_go" / "decision.json").read_text()
-                               ).get("label", "?"),
+        "decision": decision.get("label", "?"),
     }
 
 
