@@ -7,8 +7,10 @@ dev split and on the test split, and the selection rules compared on what they p
 
 Per world: `flows/pipeline.py` with the evidence recipe (bench_sealed.EVIDENCE_RECIPE), no
 early stopping, and a checkpoint kept every 5 steps (a finished run under --work is read, not
-run again); then every checkpoint's greedy answers on dev and test (cached in
-`<run>/selection.json`, keyed by checkpoint). Rules: the trainer's dev evaluation as it was
+run again, while its effective config is this one: `<work>/config.sha256`); then every
+checkpoint's greedy answers on dev and test (cached in `<run>/selection.json`, each keyed by
+the checkpoint's weights, the rollout and reward settings and the rollout code, so an answer
+never outlives what made it). Rules: the trainer's dev evaluation as it was
 (the first `train.eval_questions` dev questions, steps only, early stop after 2 without a new
 best), with the start as a candidate (the trainer now), each without early stopping and on the
 whole dev split, the last step, and the checkpoint best on test (an oracle, for scale). For
@@ -20,15 +22,18 @@ Tuning worlds only: this chooses how to select.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench_sealed import EVIDENCE_RECIPE, _run
 from tqdm import tqdm
 
+from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig, load_config
 from searchrl.datasets.io import read_qa
 from searchrl.datasets.tuning import require_tuning_world
@@ -43,10 +48,24 @@ PATIENCE = 2  # configs/prior.yaml's train.early_stop_patience, replayed on the 
 Answers = dict[str, dict[str, dict[str, float]]]  # step -> split -> question id -> EM
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def answers_key(config: PipelineConfig, weights: Path) -> str:
+    """What a checkpoint's greedy answers depend on: its weights, the rollout and reward
+    settings, and the rollout code (the searcher's index is the run's own)."""
+    settings = json.dumps({k: config.to_dict()[k] for k in ("rollout", "reward", "index")},
+                          sort_keys=True, default=str)
+    return _sha256(f"{_sha256(weights.read_bytes())}|{_sha256(settings.encode())}|"
+                   f"{code_fingerprint(run_rollouts)}".encode())
+
+
 def evaluate_checkpoints(config: PipelineConfig, run: Path) -> Answers:
     """Greedy EM per dev and test question of the SFT start (step 0) and every checkpoint."""
     cache = run / "selection.json"
-    out: Answers = json.loads(cache.read_text()) if cache.is_file() else {}
+    stored: dict[str, Any] = json.loads(cache.read_text()) if cache.is_file() else {}
+    out: Answers = {}
     index = json.loads((run / "build_index" / "ref.json").read_text())["index_dir"]
     searcher = searchers_for(config, None).searcher(index)
     splits = {s: read_qa(run / "validate_gold_labels" / f"{s}.jsonl") for s in ("dev", "test")}
@@ -56,7 +75,9 @@ def evaluate_checkpoints(config: PipelineConfig, run: Path) -> Answers:
         for p in sorted((train_dir / "checkpoints").glob(f"{STEP_PREFIX}*"))}
     with tempfile.TemporaryDirectory() as tmp:
         for step, src in tqdm(policies.items(), desc=f"checkpoints of {run.name}"):
-            if step in out:
+            key = answers_key(config, src / "model.safetensors")
+            if stored.get(step, {}).get("key") == key:
+                out[step] = stored[step]["answers"]
                 continue
             policy = src
             if step != "0":  # a checkpoint's weights with the start's config and tokenizer
@@ -69,7 +90,8 @@ def evaluate_checkpoints(config: PipelineConfig, run: Path) -> Answers:
                 batch = run_rollouts(examples, generator, searcher, config.rollout,
                                      config.reward, group_size=1, greedy=True, seed=0)
                 out[step][split] = {r.example_id: float(r.correct) for r in batch.records}
-            cache.write_text(json.dumps(out))
+            stored[step] = {"key": key, "answers": out[step]}
+            cache.write_text(json.dumps(stored))
     return out
 
 
@@ -146,9 +168,14 @@ def main(argv: list[str] | None = None,
         require_tuning_world(config)
         work = args.work / f"world{world}"
         run = work / "seed0"  # bench_sealed's layout: run seed 0
-        if not (run / "decide_go_no_go" / "decision.json").is_file():
+        stamp = work / "config.sha256"  # the effective config the finished run was made with
+        made_with = _sha256(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
+        if not ((run / "decide_go_no_go" / "decision.json").is_file() and stamp.is_file()
+                and stamp.read_text() == made_with):
             work.mkdir(parents=True, exist_ok=True)
+            stamp.unlink(missing_ok=True)
             run_world(args.config, 0, work, overrides)
+            stamp.write_text(made_with)
         config = load_config(args.config, [*overrides, f"run.work_dir={run}"])
         answers = evaluate_checkpoints(config, run)
         dev_ids = [e.id for e in read_qa(run / "validate_gold_labels" / "dev.jsonl")]

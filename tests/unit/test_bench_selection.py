@@ -48,3 +48,18 @@ def test_the_sealed_world_is_refused_before_any_run(bench: Any, tmp_path: Path) 
 
     with pytest.raises(ConfigError, match="not a tuning world"):
         bench["main"](["--world-seeds", "2027", "--work", str(tmp_path)], run_world=run_world)
+
+
+def test_a_cached_answer_is_keyed_by_weights_and_rollout_settings(bench: Any,
+                                                                 tmp_path: Path) -> None:
+    from searchrl.config import load_config
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"step 5")
+    config = load_config("configs/tiny.yaml", ["data.synthetic.seed=101"])
+    key = bench["answers_key"](config, weights)
+    assert bench["answers_key"](config, weights) == key
+    assert bench["answers_key"](load_config("configs/tiny.yaml", [
+        "data.synthetic.seed=101", "rollout.top_k=2"]), weights) != key
+    weights.write_bytes(b"step 5, trained again")
+    assert bench["answers_key"](config, weights) != key
