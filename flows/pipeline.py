@@ -101,7 +101,8 @@ def pipeline(config_path: str = "configs/tiny.yaml",
             evaluation = evaluate_policy(config, dataset, index, checkpoint, uri,
                                          parent.run_id, searchers=searchers)
         announce_new_suspects(config, evaluation)
-        decision = decide_go_no_go(config, dataset, checkpoint, evaluation, uri, parent.run_id)
+        decision = decide_go_no_go(config, dataset, curriculum, checkpoint, evaluation, uri,
+                                   parent.run_id)
         publish_decision(config, decision)  # keyed artifact + go / no-go event
     except BaseException:
         end_run(uri, parent.run_id, "FAILED")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import math
 import time
 import types
@@ -358,19 +357,21 @@ def _train_inputs(config: PipelineConfig) -> str:
 # --- 6. decide_go_no_go
 
 
-def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: CheckpointRef,
+def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef,
+                    curriculum: CurriculumRef | None, checkpoint: CheckpointRef,
                     evaluation: EvalRef, sink: MetricsSink) -> Decision:
     """Cost-payback gate and report; on GO the policy is registered in the sink's store.
 
-    Compute is charged per stage (wall time x devices): curriculum (read from its ref.json:
-    the gate's inputs do not include it), training and evaluation."""
+    Compute is charged per stage (wall time x devices), as each stage's reference recorded
+    it: curriculum (cold start + difficulty estimate; None: not counted, and the report says
+    so), training and evaluation."""
     paths = StagePaths(config.run.work_dir)
     out_dir = paths.gate_dir
     with stage_dir_lock(out_dir):
-        check_inputs("decide_go_no_go", dataset, checkpoint, evaluation)
+        check_inputs("decide_go_no_go", dataset, curriculum, checkpoint, evaluation)
         begin_fresh(out_dir)
         sink.log_params(config.to_dict()["gate"])
-        costs, notes = stage_costs(_curriculum_record(paths), checkpoint, evaluation)
+        costs, notes = stage_costs(curriculum, checkpoint, evaluation)
         evaluated = load_eval_result(evaluation.results_path)
         refuse_search_failures(evaluated, evaluation.results_path)
         tracked = sink.tracking_uri is not None and sink.run_id is not None
@@ -386,7 +387,7 @@ def decide_go_no_go(config: PipelineConfig, dataset: DatasetRef, checkpoint: Che
             champion_version=champion)
         # Again before anything is logged, registered or kept: the numbers decided on, the
         # policy registered and the gold set kept are still this run's.
-        check_inputs("decide_go_no_go", dataset, checkpoint, evaluation)
+        check_inputs("decide_go_no_go", dataset, curriculum, checkpoint, evaluation)
         result = outcome.result
         sink.set_tags({"decision": result.label}
                       | ({"promotion_blocked": plan.blocked[:5000]} if plan.blocked else {}))
@@ -532,24 +533,6 @@ def refuse_search_failures(result: EvalResult, results_path: str) -> None:
             "are reused)")
 
 
-def _curriculum_record(paths: StagePaths) -> CurriculumRef | None:
-    """The curriculum stage's reference; None when missing, stale or unreadable."""
-    try:
-        return read_ref(CurriculumRef, paths.curriculum_dir, "curriculum")
-    except (StageInputError, ValueError, TypeError):
-        return None
-
-
-def _curriculum_cost(config: PipelineConfig) -> str:
-    """The curriculum stage's recorded time is a gate input outside its references."""
-    path = StagePaths(config.run.work_dir).curriculum_dir / REF_FILE
-    try:
-        data = json.loads(path.read_text())
-        return f"curriculum:{data.get('seconds')}x{data.get('devices')}"
-    except (OSError, ValueError, AttributeError):
-        return "curriculum:none"
-
-
 # --- the table the task layer and the CLI are built from
 
 
@@ -594,5 +577,5 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("filter_curriculum", filter_curriculum, _base_model),
     Stage("train_policy", train_policy, _train_inputs),
     Stage("evaluate_policy", evaluate_policy, _champion_version),
-    Stage("decide_go_no_go", decide_go_no_go, _curriculum_cost),
+    Stage("decide_go_no_go", decide_go_no_go),
 )}

@@ -180,15 +180,19 @@ def test_every_stage_command_reads_exactly_the_references_its_stage_takes() -> N
                      "curriculum": ["DatasetRef", "IndexRef"],
                      "train": ["DatasetRef", "IndexRef", "CurriculumRef"],
                      "evaluate": ["DatasetRef", "IndexRef", "CheckpointRef"],
-                     "gate": ["DatasetRef", "CheckpointRef", "EvalRef"]}
+                     "gate": ["DatasetRef", "CurriculumRef", "CheckpointRef", "EvalRef"]}
     for name in STAGE_COMMANDS.values():
         assert all(kind in produced and kind is not MetricsSink
                    for kind, _ in STAGES[name].input_kinds())
     assert [optional for _, optional in STAGES["train_policy"].input_kinds()] == [
         False, False, True]
+    # The gate charges the curriculum its own reference recorded (None: not counted, said so).
+    assert [optional for _, optional in STAGES["decide_go_no_go"].input_kinds()] == [
+        False, True, False, False]
     assert {name: s.upstream() for name, s in STAGES.items()} == {
         "validate_gold_labels": [], "build_index": ["validate_gold_labels"],
         "filter_curriculum": ["validate_gold_labels", "build_index"],
         "train_policy": ["validate_gold_labels", "build_index", "filter_curriculum"],
         "evaluate_policy": ["validate_gold_labels", "build_index", "train_policy"],
-        "decide_go_no_go": ["validate_gold_labels", "train_policy", "evaluate_policy"]}
+        "decide_go_no_go": ["validate_gold_labels", "filter_curriculum", "train_policy",
+                            "evaluate_policy"]}

@@ -25,7 +25,13 @@ from searchrl.gate.render import render_html, render_markdown
 from searchrl.gate.report import build_gate, stage_costs, training_volume
 from searchrl.paths import StagePaths
 from searchrl.sinks import NullSink
-from searchrl.stages import GateInputError, decide_go_no_go, files_of, write_ref
+from searchrl.stages import (
+    GateInputError,
+    ReplacedInputError,
+    decide_go_no_go,
+    files_of,
+    write_ref,
+)
 from searchrl.types import CheckpointRef, CurriculumRef, DatasetRef, EvalRef
 from tests.unit.test_gate_report import _eval
 
@@ -185,22 +191,26 @@ def _gate_stage_inputs(tmp_path: Path, work: Path, *, trained_errors: int = 0,
     return config, dataset, ckpt, evaluation
 
 
-def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
+def test_gate_stage_charges_the_curriculum_its_reference_recorded(tmp_path: Path) -> None:
     work = tmp_path / "work"
     config, dataset, ckpt, evaluation = _gate_stage_inputs(tmp_path, work)
     train = Path(dataset.paths["train"])
     stale = work / "decide_go_no_go" / "report_old.html"  # an earlier run's: not published
     stale.parent.mkdir(parents=True)
     stale.write_text("old")
-    no_cur = decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+    # A curriculum ref on disk that is not this run's input is not read: no curriculum given.
+    cur_dir = StagePaths(work).curriculum_dir
+    cur_dir.mkdir(parents=True)
+    other = CurriculumRef(train_path=str(train), fingerprint="o", files=files_of(train),
+                          seconds=99_000.0, devices=8)
+    write_ref(other, cur_dir)
+    no_cur = decide_go_no_go(config, dataset, None, ckpt, evaluation, NullSink())
     assert not stale.exists()
     assert no_cur.figures["curriculum_device_hours"] == 0.0
     assert "curriculum stage" in Path(no_cur.report_md or "").read_text()
-    cur_dir = StagePaths(work).curriculum_dir
-    cur_dir.mkdir(parents=True)
-    write_ref(CurriculumRef(train_path=str(train), fingerprint="c", files=files_of(train),
-                            seconds=1800.0, devices=1), cur_dir)
-    decision = decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+    curriculum = CurriculumRef(train_path=str(train), fingerprint="c", files=files_of(train),
+                               seconds=1800.0, devices=1)
+    decision = decide_go_no_go(config, dataset, curriculum, ckpt, evaluation, NullSink())
     assert decision.figures["curriculum_device_hours"] == pytest.approx(0.5)
     assert decision.figures["training_device_hours"] == pytest.approx(1.0)
     assert decision.figures["evaluation_device_hours"] == pytest.approx(0.25)
@@ -208,11 +218,16 @@ def test_gate_stage_reads_curriculum_time_from_its_ref(tmp_path: Path) -> None:
     assert math.isnan(decision.figures["projection_ratio"])
     saved = json.loads((work / "decide_go_no_go" / "decision.json").read_text())
     assert [s["stage"] for s in saved["stages"]] == ["curriculum", "training", "evaluation"]
+    # Another run replaced the curriculum's files after it was written for this run: the gate
+    # does not charge (or decide on) another run's curriculum.
+    write_jsonl(train, [{"q": i} for i in range(60)])
+    with pytest.raises(ReplacedInputError, match="changed after filter_curriculum"):
+        decide_go_no_go(config, dataset, curriculum, ckpt, evaluation, NullSink())
 
 
 def test_the_gate_does_not_decide_on_failed_searches(tmp_path: Path) -> None:
     work = tmp_path / "work"
     config, dataset, ckpt, evaluation = _gate_stage_inputs(tmp_path, work, trained_errors=3)
     with pytest.raises(GateInputError, match=rf"failed searches.*{TRAINED}: 3"):
-        decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+        decide_go_no_go(config, dataset, None, ckpt, evaluation, NullSink())
     assert not (work / "decide_go_no_go" / "decision.json").exists()  # no decision written

@@ -90,8 +90,8 @@ def _gate(tmp: Path, config: PipelineConfig, uri: str, policy: Path,
     ckpt = CheckpointRef(policy_dir=str(policy), fingerprint=f"policy-{tag}",
                          training_seconds=36.0, mlflow_run_id=trained_run)
     sink = start_parent_run(uri, "exp", f"gate-{tag}", {})
-    decide_go_no_go(config, dataset, ckpt, EvalRef(results_path=str(results),
-                                                   fingerprint=f"eval-{tag}"), sink)
+    decide_go_no_go(config, dataset, None, ckpt,
+                    EvalRef(results_path=str(results), fingerprint=f"eval-{tag}"), sink)
     return sink
 
 

@@ -172,7 +172,7 @@ def test_stage_task_writes_report_without_tracking(tmp_path: Path) -> None:
     dataset = DatasetRef(paths={"train": str(train)}, fingerprints={}, corpus_path="",
                          corpus_fingerprint="", fingerprint="x")
     ckpt = CheckpointRef(policy_dir=str(tmp_path), fingerprint="p", training_seconds=36.0)
-    decision = decide_go_no_go.fn(config, dataset, ckpt,
+    decision = decide_go_no_go.fn(config, dataset, None, ckpt,
                                   EvalRef(results_path=str(results), fingerprint="e"),
                                   None, None)
     assert not decision.go and decision.label == "NO-GO"

@@ -138,7 +138,7 @@ def test_the_stage_writes_slices_to_decision_json_and_logs_counts(tmp_path: Path
     config, dataset, ckpt, evaluation = _gate_stage_inputs(tmp_path, work,
                                                            per=_per_question())
     sink = _Recorded()
-    decide_go_no_go(config, dataset, ckpt, evaluation, sink)
+    decide_go_no_go(config, dataset, None, ckpt, evaluation, sink)
     assert sink.metrics["slice_regressions"] == 2.0 and sink.metrics["slices_at_zero"] == 4.0
     saved = json.loads((work / "decide_go_no_go" / "decision.json").read_text())
     slices = saved["slices"]

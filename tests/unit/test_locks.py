@@ -98,7 +98,8 @@ def test_a_second_run_of_a_stage_in_the_same_work_dir_is_refused_before_touching
         (paths.index_dir, lambda: build_index(config, unused, NullSink())),
         (paths.curriculum_dir, lambda: filter_curriculum(config, unused, unused, NullSink())),
         (paths.eval_dir, lambda: evaluate_policy(config, unused, unused, unused, NullSink())),
-        (paths.gate_dir, lambda: decide_go_no_go(config, unused, unused, unused, NullSink()))]
+        (paths.gate_dir,
+         lambda: decide_go_no_go(config, unused, unused, unused, unused, NullSink()))]
     for stage_dir, run in stages:
         stage_dir.mkdir(parents=True)
         (stage_dir / "results.json").write_text("the first run's")

@@ -114,11 +114,11 @@ def test_the_gate_decides_on_its_own_evaluation_never_one_that_replaced_it(
     with pytest.raises(ReplacedInputError,
                        match=rf"decide_go_no_go: {results} changed after evaluate_policy wrote "
                              "it for this run"):
-        decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+        decide_go_no_go(config, dataset, None, ckpt, evaluation, NullSink())
     assert not StagePaths(work).gate_dir.exists()  # nothing decided, nothing written
     # Its own numbers back (same content, another file): it decides on them.
     results.write_bytes(ours)
-    decision = decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+    decision = decide_go_no_go(config, dataset, None, ckpt, evaluation, NullSink())
     assert decision.figures["em_trained"] == pytest.approx(0.6)  # ours: the other run's 0.1
     assert (StagePaths(work).gate_dir / REF_FILE).is_file()
 
@@ -140,5 +140,5 @@ def test_a_replacement_while_the_gate_runs_is_caught_before_anything_is_publishe
 
     monkeypatch.setattr(stages, "write_gate_report", racing)
     with pytest.raises(ReplacedInputError, match=rf"{RESULTS_FILE} changed after evaluate_policy"):
-        decide_go_no_go(config, dataset, ckpt, evaluation, NullSink())
+        decide_go_no_go(config, dataset, None, ckpt, evaluation, NullSink())
     assert not (StagePaths(work).gate_dir / REF_FILE).exists()  # no decision published
