@@ -11,8 +11,9 @@ and pass@1 (the curriculum stage's estimate), the GRPO steps that updated the po
 EM of SFT, rejection sampling, trained and scripted, the trained policy's paired delta over
 the better of SFT and rejection sampling, format ok, and the wall of the curriculum (cold
 start + estimate), train and evaluate stages and of the whole process; then EM per system and
-slice. A finished candidate (its decision written) is not run again: its directory is read,
-so a run made by hand with the same command can be tabulated (its whole wall is then "-").
+slice. A finished candidate is not run again while it is this config's and code's
+(benchmarks/pipeline_runs.py); one made otherwise is run again through the pipeline, which
+re-runs only what changed (its whole wall is then that run's).
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from pipeline_runs import ROOT, ensure_run
 from safetensors import safe_open
 
 from searchrl.config import load_config
@@ -34,7 +32,6 @@ from searchrl.curriculum.run import cold_start_pass_at_k
 from searchrl.datasets.tuning import require_tuning_world
 from searchrl.gate.report import training_steps
 
-ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "tiny": ("configs/tiny.yaml", ()),
     "prior": ("configs/prior.yaml", ()),
@@ -45,6 +42,8 @@ STAGES = ("filter_curriculum", "train_policy", "evaluate_policy")
 
 
 def run_candidate(name: str, world_seed: int, work: Path, extra: list[str]) -> None:
+    """The candidate's pipeline run under `work/NAME` (pipeline_runs.ensure_run); its whole
+    wall in `NAME.seconds.json` when run now."""
     config, overrides = CANDIDATES[name]
     run_dir = work / name
     args = [f"data.synthetic.seed={world_seed}", f"run.work_dir={run_dir}",
@@ -52,18 +51,9 @@ def run_candidate(name: str, world_seed: int, work: Path, extra: list[str]) -> N
             f"tracking.tracking_uri=sqlite:///{(work / f'{name}.db').resolve()}",
             *overrides, *extra]
     require_tuning_world(load_config(config, args))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
-           "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    started = time.perf_counter()
-    with (work / f"{name}.log").open("w") as log:
-        proc = subprocess.run([sys.executable, str(ROOT / "flows" / "pipeline.py"), "--config",
-                               config, *args], cwd=ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT, check=False)
-    if proc.returncode not in (0, 1):  # 1: NO-GO, still a finished run
-        raise SystemExit(f"{name}: pipeline exited {proc.returncode}; see {work / name}.log")
-    (work / f"{name}.seconds.json").write_text(
-        json.dumps({"seconds": time.perf_counter() - started}))
+    seconds = ensure_run(config, args, run_dir, work / f"{name}.log")
+    if seconds is not None:  # else the file of the run that stands
+        (work / f"{name}.seconds.json").write_text(json.dumps({"seconds": seconds}))
 
 
 def _parameters(policy_dir: Path) -> int:
@@ -165,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[str, Any]] = {}
     for name in args.candidates:
-        if not (args.work / name / "decide_go_no_go" / "decision.json").is_file():
-            run_candidate(name, args.world_seed, args.work, args.overrides)
+        run_candidate(name, args.world_seed, args.work, args.overrides)
         runs[name] = figures(args.work, name)
         print(f"{name}: trained {runs[name]['em']['trained']['mean']:.3f}", flush=True)
     table = tables(runs)

@@ -12,7 +12,8 @@ dir per seed: what the reward does not shape (validation, the index, the cold st
 computed by the seed's first run and reused by the others through the stage keys; the
 curriculum, training, evaluation and gate re-run. Every run logs to its own MLflow store, so no
 run is compared with another's champion. After each run its evaluation `results.json` and
-`decision.json` are copied to `<work>/seed<S>_<scheme>_<kind>/`; a finished run is not re-run.
+`decision.json` are copied to `<work>/seed<S>_<scheme>_<kind>/`; a finished run is not re-run
+while it is this config's and code's (benchmarks/pipeline_runs.py).
 
 Prints, and writes to `--out`, per scheme and kind the trained policy's test EM, F1, format
 rate and searches per question as mean [min, max] over seeds, the lowest per-type EM and the
@@ -24,14 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from pipeline_runs import ensure_run, made_from
 
 from searchrl.config import load_config
 from searchrl.datasets.tuning import default_tuning_seed, require_tuning_world
@@ -40,34 +39,24 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINED, SFT = "trained", "sft"
 
 
-def _run_pipeline(config: str, seed: int, scheme: str, kind: str, work: Path,
-                  extra: list[str]) -> float:
-    seed_dir, name = work / f"seed{seed}", f"seed{seed}_{scheme}_{kind}"
-    overrides = [f"run.seed={seed}", f"reward.malformed={scheme}", f"reward.kind={kind}",
-                 f"run.work_dir={seed_dir}",
-                 f"tracking.tracking_uri=sqlite:///{(work / f'{name}.db').resolve()}", *extra]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
-           "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    started = time.perf_counter()
-    log = work / f"{name}.log"
-    with log.open("w") as out:
-        proc = subprocess.run([sys.executable, str(ROOT / "flows" / "pipeline.py"), "--config",
-                               config, *overrides], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name}: pipeline exited {proc.returncode}; "
-                         f"see {log}")
-    return time.perf_counter() - started
+def _overrides(seed: int, scheme: str, kind: str, work: Path, extra: list[str]) -> list[str]:
+    name = f"seed{seed}_{scheme}_{kind}"
+    return [f"run.seed={seed}", f"reward.malformed={scheme}", f"reward.kind={kind}",
+            f"run.work_dir={work / f'seed{seed}'}",
+            f"tracking.tracking_uri=sqlite:///{(work / f'{name}.db').resolve()}", *extra]
 
 
-def _collect(work: Path, seed: int, dest: Path, seconds: float) -> dict[str, Any]:
-    """Copy the run's evaluation and decision next to the others; the figures this reads."""
+def _collect(work: Path, seed: int, dest: Path, seconds: float | None,
+             made: str) -> dict[str, Any]:
+    """Copy the run's evaluation and decision next to the others, with what the run was made
+    from (`pipeline_runs.made_from`); the figures this reads."""
     seed_dir = work / f"seed{seed}"
-    dest.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
     shutil.copy(seed_dir / "evaluate_policy" / "results.json", dest / "results.json")
     shutil.copy(seed_dir / "decide_go_no_go" / "decision.json", dest / "decision.json")
     (dest / "seconds.json").write_text(json.dumps({"seconds": seconds}))
+    (dest / "made_from").write_text(made)  # last: a half-copied dir is not read
     return _figures(dest)
 
 
@@ -114,7 +103,7 @@ def _table(runs: dict[tuple[int, str], dict[str, Any]], schemes: list[str]) -> s
                      f"| {f['format']:.3f} | {f['searches']:.2f} "
                      f"| {f['min_type'][0]} ({f['min_type'][1]:.3f}) "
                      f"| {', '.join(f['types_not_above_sft']) or '-'} | {f['decision']} "
-                     f"| {f['seconds']:.0f} |")
+                     f"| {'-' if f['seconds'] is None else format(f['seconds'], '.0f')} |")
     return "\n".join(lines)
 
 
@@ -144,15 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             scheme, kind = variant.split("_")
             dest = args.work / f"seed{seed}_{variant}"
-            if (dest / "seconds.json").is_file():  # finished earlier: not re-run
-                runs[seed, variant] = _figures(dest)
+            overrides = _overrides(seed, scheme, kind, args.work, args.overrides)
+            made = made_from(args.config, overrides)
+            if (dest / "made_from").is_file() and (dest / "made_from").read_text() == made:
+                runs[seed, variant] = _figures(dest)  # this config's and code's: not re-run
                 continue
             if args.report_only:
                 continue
-            seconds = _run_pipeline(args.config, seed, scheme, kind, args.work, args.overrides)
-            runs[seed, variant] = _collect(args.work, seed, dest, seconds)
+            seconds = ensure_run(args.config, overrides, args.work / f"seed{seed}",
+                                 args.work / f"seed{seed}_{variant}.log")
+            runs[seed, variant] = _collect(args.work, seed, dest, seconds, made)
             print(f"seed {seed} {variant}: EM {runs[seed, variant]['em']:.3f} format "
-                  f"{runs[seed, variant]['format']:.3f} ({seconds:.0f} s)", flush=True)
+                  f"{runs[seed, variant]['format']:.3f}", flush=True)
     table = _table(runs, variants)
     print(table)
     if args.out is not None:

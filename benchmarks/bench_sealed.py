@@ -11,10 +11,9 @@ nothing here may be used to choose a setting. Tabulates per seed and over seeds:
 trained), format ok, and the paired EM delta of the trained policy against the best
 SFT-family system (the gate's comparator) overall and on the unseen-phrasing and
 answer-novel slices, against the scripted system, and the dev EM curve. A finished seed is
-not re-run: its figures under --work are read while they are the run's (its decision) made
-with this config; a seed whose effective config changed is run again (the pipeline reuses
-the stages the change leaves alone), and one re-run outside this script is read again from
-its run directory, its time then unknown ("-").
+not re-run while it is this config's and code's (benchmarks/pipeline_runs.py: otherwise the
+pipeline runs again and re-runs what the change reaches), and its figures are collected again
+whenever its decision is not the one they were collected from.
 """
 
 from __future__ import annotations
@@ -22,14 +21,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from pipeline_runs import ensure_run
 
 from searchrl.config import ConfigError, load_config
 from searchrl.eval.metrics import QuestionResult, align, paired_bootstrap_delta
@@ -49,20 +46,11 @@ def _seed_overrides(seed: int, work: Path, extra: list[str]) -> list[str]:
             f"tracking.tracking_uri=sqlite:///{(work / f'seed{seed}.db').resolve()}", *extra]
 
 
-def _run(config: str, seed: int, work: Path, extra: list[str]) -> float:
-    overrides = _seed_overrides(seed, work, extra)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
-           "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    started = time.perf_counter()
-    log = work / f"seed{seed}.log"
-    with log.open("w") as out:
-        proc = subprocess.run([sys.executable, str(ROOT / "flows" / "pipeline.py"), "--config",
-                               config, *overrides], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, check=False)
-    if proc.returncode not in (0, 1):  # 1: NO-GO, still a finished run
-        raise SystemExit(f"seed {seed}: pipeline exited {proc.returncode}; see {log}")
-    return time.perf_counter() - started
+def run_seed(config: str, seed: int, work: Path, extra: list[str]) -> float | None:
+    """The seed's pipeline run under `work` (pipeline_runs.ensure_run): its wall seconds when
+    run now, None when the finished run stands."""
+    return ensure_run(config, _seed_overrides(seed, work, extra), work / f"seed{seed}",
+                      work / f"seed{seed}.log")
 
 
 def _delta(a: list[QuestionResult], b: list[QuestionResult], slice_name: str | None
@@ -109,16 +97,13 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _figures_key(config: str, seed: int, work: Path, extra: list[str]) -> dict[str, str]:
-    """What a seed's figures were collected from: the effective config and the run's
-    decision (a run re-run in place, with other code or data, decides anew)."""
-    effective = load_config(config, _seed_overrides(seed, work, extra)).to_dict()
-    decision = work / f"seed{seed}" / "decide_go_no_go" / "decision.json"
-    return {"config": _sha(json.dumps(effective, sort_keys=True, default=str).encode()),
-            "decision": _sha(decision.read_bytes()) if decision.is_file() else ""}
+def _decision_sha(work: Path, seed: int) -> str:
+    """The run's decision: what a seed's figures were collected from (a run re-run, with
+    another config, code or data, decides anew)."""
+    return _sha((work / f"seed{seed}" / "decide_go_no_go" / "decision.json").read_bytes())
 
 
-def _collect(work: Path, seed: int, seconds: float | None, key: dict[str, str]) -> Path:
+def _collect(work: Path, seed: int, seconds: float | None) -> Path:
     src, dest = work / f"seed{seed}", work / f"figures_seed{seed}"
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -128,28 +113,22 @@ def _collect(work: Path, seed: int, seconds: float | None, key: dict[str, str]) 
     shutil.copy(src / "decide_go_no_go" / "decision.json", dest / "decision.json")
     shutil.copy(src / "train_policy" / "metrics.jsonl", dest / "metrics.jsonl")
     (dest / "seconds.json").write_text(json.dumps({"seconds": seconds}))
-    (dest / "key.json").write_text(json.dumps(key))  # last: a half-collected dir is not read
+    # Last: a half-collected dir is not read.
+    (dest / "key.json").write_text(json.dumps({"decision": _decision_sha(work, seed)}))
     return dest
 
 
 def _figures_dir(config: str, seed: int, work: Path, extra: list[str]) -> Path:
-    """The seed's figures, run or re-collected when the recorded key is not this one."""
+    """The seed's figures, collected again whenever the run is not the one they were
+    collected from; their wall time is the run's when this call made it, else kept only
+    while the run is the same ("-": made by an earlier call or by hand)."""
     dest = work / f"figures_seed{seed}"
-    key = _figures_key(config, seed, work, extra)
-    recorded = json.loads((dest / "key.json").read_text()) if (dest / "key.json").is_file() \
-        else None
-    if recorded == key:
+    seconds = run_seed(config, seed, work, extra)
+    key = dest / "key.json"
+    if (seconds is None and key.is_file()
+            and json.loads(key.read_text()) == {"decision": _decision_sha(work, seed)}):
         return dest
-    if recorded is None and key["decision"] and (dest / "decision.json").is_file():
-        # Collected before figures were keyed: its config is taken as this one's; its time
-        # stands while the copied decision is still the run's.
-        same = _sha((dest / "decision.json").read_bytes()) == key["decision"]
-        seconds = json.loads((dest / "seconds.json").read_text())["seconds"] if same else None
-        return _collect(work, seed, seconds, key)
-    if recorded is None or recorded["config"] != key["config"] or not key["decision"]:
-        seconds = _run(config, seed, work, extra)
-        return _collect(work, seed, seconds, _figures_key(config, seed, work, extra))
-    return _collect(work, seed, None, key)  # re-run outside this script: its time unknown
+    return _collect(work, seed, seconds)
 
 
 def _ci(i: dict[str, float], signed: bool = False) -> str:

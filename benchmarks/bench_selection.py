@@ -7,7 +7,7 @@ dev split and on the test split, and the selection rules compared on what they p
 
 Per world: `flows/pipeline.py` with the evidence recipe (bench_sealed.EVIDENCE_RECIPE), no
 early stopping, and a checkpoint kept every 5 steps (a finished run under --work is read, not
-run again, while its effective config is this one: `<work>/config.sha256`); then every
+run again, while it is this config's and code's: benchmarks/pipeline_runs.py); then every
 checkpoint's greedy answers on dev and test (cached in `<run>/selection.json`, each keyed by
 the checkpoint's weights, the rollout and reward settings and the rollout code, so an answer
 never outlives what made it). Rules: the trainer's dev evaluation as it was
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_sealed import EVIDENCE_RECIPE, _run
+from bench_sealed import EVIDENCE_RECIPE, run_seed
 from tqdm import tqdm
 
 from searchrl.codehash import code_fingerprint
@@ -153,7 +153,7 @@ def table(world: int, answers: Answers, dev_ids: list[str], eval_questions: int)
 
 
 def main(argv: list[str] | None = None,
-         run_world: Callable[[str, int, Path, list[str]], float] = _run) -> None:
+         run_world: Callable[[str, int, Path, list[str]], float | None] = run_seed) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-seeds", type=int, nargs="+", default=[101, 102])
     parser.add_argument("--work", type=Path, default=Path("runs/selection"))
@@ -168,14 +168,7 @@ def main(argv: list[str] | None = None,
         require_tuning_world(config)
         work = args.work / f"world{world}"
         run = work / "seed0"  # bench_sealed's layout: run seed 0
-        stamp = work / "config.sha256"  # the effective config the finished run was made with
-        made_with = _sha256(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
-        if not ((run / "decide_go_no_go" / "decision.json").is_file() and stamp.is_file()
-                and stamp.read_text() == made_with):
-            work.mkdir(parents=True, exist_ok=True)
-            stamp.unlink(missing_ok=True)
-            run_world(args.config, 0, work, overrides)
-            stamp.write_text(made_with)
+        run_world(args.config, 0, work, overrides)  # a finished, current run stands
         config = load_config(args.config, [*overrides, f"run.work_dir={run}"])
         answers = evaluate_checkpoints(config, run)
         dev_ids = [e.id for e in read_qa(run / "validate_gold_labels" / "dev.jsonl")]
