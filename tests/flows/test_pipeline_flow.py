@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import runpy
 import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,12 @@ def test_pipeline_creates_parent_and_child_runs(first_run: dict[str, Any]) -> No
 def test_the_design_table_reports_what_the_pipeline_run_wrote(
         first_run: dict[str, Any], workspace: list[str], tmp_path: Path) -> None:
     # benchmarks/bench_candidates.py (issue 43 §2) reads a finished run's dir as it is.
-    bench = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_candidates.py"),
-                           run_name="bench_candidates")
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # as when run as a script
+    try:
+        bench = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_candidates.py"),
+                               run_name="bench_candidates")
+    finally:
+        sys.path.remove(str(REPO_ROOT / "benchmarks"))
     work_dir = Path(next(o for o in workspace if o.startswith("run.work_dir=")).split("=", 1)[1])
     shutil.copytree(work_dir, tmp_path / "tiny")
     got = bench["figures"](tmp_path, "tiny")
