@@ -231,7 +231,6 @@ def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
     configs = [_config([f"run.work_dir={work}", *o]) for o in week_overrides]
     config = configs[-1]
     uri = f"sqlite:///{data / 'mlflow.db'}"
-    gate = STAGES["decide_go_no_go"]
     keys: list[dict[str, Any]] = []
     refs: list[dict[str, Any]] = []
     weeks: list[dict[str, Any]] = []
@@ -248,8 +247,6 @@ def two_weeks(data: Path, overrides: list[str], port: int, timeout_s: int,
             keys.append(wk.stage_keys(configs[week - 1]))
             weeks.append(wk.run_deployment(data, port, week_overrides[week - 1], env,
                                            timeout_s))
-            assert gate.external_inputs is not None
-            keys[-1]["decide_go_no_go"]["external"] = gate.external_inputs(configs[week - 1])
             refs.append(wk.stage_refs(work))
             # Week 1's references are kept before week 2 replaces them.
             (data / f"week{week}_refs.json").write_text(json.dumps(refs[-1], indent=1))

@@ -234,8 +234,7 @@ def why_reran(stage: str, keys: tuple[dict[str, Any], dict[str, Any]],
               "external": "its inputs outside the references changed"
               + {"validate_gold_labels": " (data files, contracts, stewards' overrides)",
                  "evaluate_policy": " (the registered champion)",
-                 "train_policy": " (the champion it starts from)",
-                 "decide_go_no_go": " (the curriculum's recorded cost)"}.get(stage, "")}
+                 "train_policy": " (the champion it starts from)"}.get(stage, "")}
     out = [labels[part] for part in labels if k1[stage][part] != k2[stage][part]]
     if stage == "validate_gold_labels" and labels["external"] in out:
         out.remove(labels["external"])
