@@ -206,12 +206,13 @@ def test_two_runs_at_once_on_one_work_dir_each_decide_on_their_own_numbers(
     a_numbers: dict[str, Any] = {}
     real_gate = stages.decide_go_no_go
 
-    def gate(config: Any, dataset: Any, checkpoint: Any, evaluation: Any, sink: Any) -> Any:
+    def gate(config: Any, dataset: Any, curriculum: Any, checkpoint: Any, evaluation: Any,
+             sink: Any) -> Any:
         if config.run.seed == 1 and not a_at_gate.is_set():
             a_numbers.update(_trained(evaluation.results_path))
             a_at_gate.set()
             assert b_done.wait(900), "run B did not finish"
-        return real_gate(config, dataset, checkpoint, evaluation, sink)
+        return real_gate(config, dataset, curriculum, checkpoint, evaluation, sink)
 
     monkeypatch.setattr(stages, "decide_go_no_go", gate)
     outcome: dict[str, Any] = {}
