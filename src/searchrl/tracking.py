@@ -382,11 +382,7 @@ def finish_promotion(uri: str, name: str) -> str | None:
 
 
 def _finish_promotion(client: MlflowClient, name: str) -> str | None:
-    try:
-        raw = client.get_registered_model(name).tags.get(PROMOTION_INTENT_TAG)
-    except mlflow.exceptions.MlflowException as exc:
-        _raise_unless_absent(exc, f"model {name!r}: the registry did not answer")
-        return None
+    raw = _model_tag(client, name, PROMOTION_INTENT_TAG)
     if not raw:
         return None
     intent = {k: str(v) for k, v in json.loads(raw).items()}
@@ -577,14 +573,20 @@ def _set_version_tags(client: MlflowClient, name: str, version: str,
         client.set_model_version_tag(name, version, key, value[:5000])
 
 
-def _pending_rollback(client: MlflowClient, name: str) -> dict[str, str] | None:
-    """The intent of a rollback of `name` that started and did not finish, else None."""
+def _model_tag(client: MlflowClient, name: str, tag: str) -> str | None:
+    """Tag `tag` of registered model `name` (None: no such tag or model); TrackingError when
+    the registry does not answer."""
     try:
-        raw = client.get_registered_model(name).tags.get(INTENT_TAG)
+        return client.get_registered_model(name).tags.get(tag)  # type: ignore[no-any-return]
     except mlflow.exceptions.MlflowException as exc:
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
             return None
         raise TrackingError(f"model {name!r}: the registry did not answer ({exc})") from exc
+
+
+def _pending_rollback(client: MlflowClient, name: str) -> dict[str, str] | None:
+    """The intent of a rollback of `name` that started and did not finish, else None."""
+    raw = _model_tag(client, name, INTENT_TAG)
     if not raw:
         return None
     intent = json.loads(raw)
@@ -595,8 +597,14 @@ def _pending_rollback(client: MlflowClient, name: str) -> dict[str, str] | None:
 def _alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
     """The version `alias` points at, None when the model or the alias does not exist;
     TrackingError when the registry fails to answer (never read as "no champion")."""
+    mv = _aliased(client, name, alias)
+    return None if mv is None else str(mv.version)
+
+
+def _aliased(client: MlflowClient, name: str, alias: str) -> Any:
+    """The ModelVersion `alias` points at (`_alias_version`'s rules)."""
     try:
-        return str(client.get_model_version_by_alias(name, alias).version)
+        return client.get_model_version_by_alias(name, alias)
     except mlflow.exceptions.MlflowException as exc:
         _raise_unless_absent(exc, f"model {name!r}: the registry did not answer for alias "
                                   f"{alias!r}")
@@ -735,12 +743,8 @@ def registered_policy(uri: str, name: str, alias: str) -> dict[str, str] | None:
     or the alias does not exist (its tags: `model_version_tags`). TrackingError when the
     registry does not answer: read as "no champion", a store's hiccup would drop the champion
     from the evaluation and let the gate promote without comparing with it."""
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        mv = client.get_model_version_by_alias(name, alias)
-    except mlflow.exceptions.MlflowException as exc:
-        _raise_unless_absent(exc, f"model {name!r}: the registry of {uri} did not answer for "
-                                  f"alias {alias!r}")
+    mv = _aliased(MlflowClient(tracking_uri=uri), name, alias)
+    if mv is None:
         return None
     return {"version": str(mv.version), "run_id": str(mv.run_id or ""),
             "source": str(mv.source)}
