@@ -19,7 +19,6 @@ whenever its decision is not the one they were collected from.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import statistics
@@ -29,6 +28,7 @@ from typing import Any
 from pipeline_runs import ensure_run
 
 from searchrl.config import ConfigError, load_config
+from searchrl.datasets.io import content_sha256
 from searchrl.eval.metrics import QuestionResult, align, paired_bootstrap_delta
 from searchrl.eval.results import read_question_results
 
@@ -93,14 +93,10 @@ def _figures(dest: Path) -> dict[str, Any]:
             "seconds": json.loads((dest / "seconds.json").read_text())["seconds"]}
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _decision_sha(work: Path, seed: int) -> str:
     """The run's decision: what a seed's figures were collected from (a run re-run, with
     another config, code or data, decides anew)."""
-    return _sha((work / f"seed{seed}" / "decide_go_no_go" / "decision.json").read_bytes())
+    return str(content_sha256(work / f"seed{seed}" / "decide_go_no_go" / "decision.json"))
 
 
 def _collect(work: Path, seed: int, seconds: float | None) -> Path:

@@ -27,6 +27,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from tqdm import tqdm
 
 from searchrl.codehash import code_fingerprint
 from searchrl.config import PipelineConfig, load_config
-from searchrl.datasets.io import read_qa
+from searchrl.datasets.io import content_sha256, read_qa
 from searchrl.datasets.tuning import require_tuning_world
 from searchrl.eval.metrics import paired_bootstrap_delta
 from searchrl.generation.factory import make_generator
@@ -48,17 +49,19 @@ PATIENCE = 2  # configs/prior.yaml's train.early_stop_patience, replayed on the 
 Answers = dict[str, dict[str, dict[str, float]]]  # step -> split -> question id -> EM
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+@cache
+def _rollout_code() -> str:
+    return str(code_fingerprint(run_rollouts))  # once per process, not per checkpoint
 
 
 def answers_key(config: PipelineConfig, weights: Path) -> str:
     """What a checkpoint's greedy answers depend on: its weights, the rollout and reward
     settings, and the rollout code (the searcher's index is the run's own)."""
-    settings = json.dumps({k: config.to_dict()[k] for k in ("rollout", "reward", "index")},
+    sections = config.to_dict()
+    settings = json.dumps({k: sections[k] for k in ("rollout", "reward", "index")},
                           sort_keys=True, default=str)
-    return _sha256(f"{_sha256(weights.read_bytes())}|{_sha256(settings.encode())}|"
-                   f"{code_fingerprint(run_rollouts)}".encode())
+    return hashlib.sha256(f"{content_sha256(weights)}|{settings}|{_rollout_code()}".encode()
+                          ).hexdigest()
 
 
 def evaluate_checkpoints(config: PipelineConfig, run: Path) -> Answers:
